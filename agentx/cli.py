@@ -1,0 +1,33 @@
+"""`agentx` command line: one subcommand per concern, each registered by its own module."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .errors import InputError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .run_cli import add_parser as add_run
+    from .sim.cli import add_parser as add_sim
+    from .trace.cli import add_parser as add_trace
+
+    p = argparse.ArgumentParser(prog="agentx", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    add_run(sub)
+    add_trace(sub)
+    add_sim(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except InputError as err:
+        print(str(err), file=sys.stderr)
+        return err.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

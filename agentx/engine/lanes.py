@@ -1,0 +1,235 @@
+"""Closed-loop replay engine: N session lanes, each replaying sessions turn by turn.
+
+A lane picks a session (Planner), rebuilds its history up to the start turn without sending,
+sends the turn before the start as a flagged warm-up ("prime") request, then per turn: sleep
+the (scaled, capped) think time, send, await the full response, next. A subagent step runs
+the child session inside the lane; the parent continues when it has finished. When the
+session ends the lane picks a new one. Only N lanes exist, so at most N sessions are in
+progress and at most N requests are in flight.
+
+Stopping: at --duration or --max-requests no new request starts; in-flight requests finish
+within --drain-timeout, the rest are cancelled and recorded as `cancelled`. SIGINT does the
+same immediately. Every request that started is recorded exactly once.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Protocol
+
+from ..plan import Planner
+from ..prompt.synth import Conversation, PreparedTurn, SynthConfig
+from ..prompt.token_model import TokenModel
+from ..records import RequestRecord
+from ..trace.model import Subagent, Trace, Turn
+from .cache_model import PrefixLRU
+
+perf_ns = time.perf_counter_ns
+
+
+@dataclass
+class EngineConfig:
+    conc: int = 8
+    lanes: list[int] | None = None  # lane ids this engine runs (a worker's share); default all
+    duration_s: float | None = 60.0
+    max_requests: int | None = None
+    warmup_s: float = 0.0
+    think_scale: float = 1.0
+    max_think_s: float = 300.0
+    drain_timeout_s: float = 30.0
+    prime: bool = True  # send the turn before the start turn as a warm-up request
+    max_model_len: int | None = None
+
+
+class Sender(Protocol):
+    async def send(self, conv: Conversation, turn: PreparedTurn, rec: RequestRecord) -> str | None:
+        """Send one turn, fill rec; return the generated text when live history is on."""
+
+
+@dataclass
+class LiveStats:
+    """Counters the progress display and the self-measurement read while the run goes."""
+
+    lanes: int = 0
+    sessions_active: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    max_sessions_active: int = 0
+    started: int = 0
+    done: int = 0
+    errors: int = 0
+    recent_ttft_ms: list[float] = field(default_factory=list)
+    recent_tpot_ms: list[float] = field(default_factory=list)
+
+    def note(self, rec: RequestRecord) -> None:
+        self.done += 1
+        if not rec.ok:
+            self.errors += 1
+            return
+        if rec.ttft_ms is not None:
+            self.recent_ttft_ms.append(rec.ttft_ms)
+            del self.recent_ttft_ms[:-512]
+        if rec.tpot_ms is not None:
+            self.recent_tpot_ms.append(rec.tpot_ms)
+            del self.recent_tpot_ms[:-512]
+
+
+class Engine:
+    def __init__(self, planner: Planner, synth: SynthConfig, token_model: TokenModel,
+                 sender: Sender, cfg: EngineConfig,
+                 on_record: Callable[[RequestRecord], None | Awaitable[None]],
+                 cache_model: PrefixLRU | None = None) -> None:
+        self.planner, self.synth, self.tm = planner, synth, token_model
+        self.cache_model = cache_model or PrefixLRU(None)
+        self.sender, self.cfg, self.on_record = sender, cfg, on_record
+        self.stats = LiveStats(lanes=len(cfg.lanes) if cfg.lanes is not None else cfg.conc)
+        self._stop = asyncio.Event()
+        self._inflight: dict[str, asyncio.Task] = {}
+        self._req_seq = 0
+        self.t_start_ns = 0
+        self.t_end_ns = 0
+        self.warmup_end_ns = 0
+        self.stop_reason = ""
+
+    # -- control ----------------------------------------------------------------------------
+    def stop(self, reason: str = "stopped") -> None:
+        if not self._stop.is_set():
+            self.stop_reason = reason
+            self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    async def run(self) -> None:
+        cfg = self.cfg
+        lanes = cfg.lanes if cfg.lanes is not None else list(range(cfg.conc))
+        self.t_start_ns = perf_ns()
+        self.warmup_end_ns = self.t_start_ns + int(cfg.warmup_s * 1e9)
+        tasks = [asyncio.create_task(self._lane(lane), name=f"lane-{lane}") for lane in lanes]
+        timer = None
+        if cfg.duration_s:
+            timer = asyncio.get_running_loop().call_later(cfg.duration_s, self.stop, "duration")
+        await self._stop.wait()
+        # no new requests from here; lanes sleeping in think time stop at once
+        deadline = cfg.drain_timeout_s
+        pending = [t for t in self._inflight.values() if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=deadline)
+        for t in self._inflight.values():
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if timer:
+            timer.cancel()
+        self.t_end_ns = perf_ns()
+
+    # -- lanes and sessions -----------------------------------------------------------------
+    async def _lane(self, lane: int) -> None:
+        n = 0
+        while not self.stopping:
+            pick = self.planner.pick(lane, n)
+            n += 1
+            self.stats.sessions_active += 1
+            self.stats.max_sessions_active = max(self.stats.max_sessions_active,
+                                                 self.stats.sessions_active)
+            try:
+                await self._session(lane, pick.trace, pick.instance, pick.start_turn, "")
+            finally:
+                self.stats.sessions_active -= 1
+
+    async def _session(self, lane: int, trace: Trace, instance: str, start_turn: int,
+                       subagent: str) -> None:
+        conv = Conversation(trace, instance, self.synth, self.tm)
+        sid = f"{self.synth.run_ns[:8]}-{instance}{'/' + subagent if subagent else ''}"
+        turn_no = -1
+        sent = False
+        for step in trace.steps:
+            if self.stopping:
+                return
+            if isinstance(step, Subagent):
+                if sent:  # spawned after this replay started sending: run it, then go on
+                    await self._subagents(lane, step, instance)
+                continue
+            turn_no += 1
+            if turn_no < start_turn - 1 or (turn_no == start_turn - 1 and not self.cfg.prime):
+                prepared = conv.next_turn(step, turn_no)  # history only, not sent
+                conv.answered(prepared.max_tokens)
+                continue
+            prime = turn_no == start_turn - 1
+            if sent:  # the lane's first request goes at once; later ones after think time
+                await self._think(step.think_time)
+                if self.stopping:
+                    return
+            await self._request(lane, conv, step, turn_no, sid, trace.id, subagent, prime, sent)
+            sent = True
+
+    async def _subagents(self, lane: int, step: Subagent, instance: str) -> None:
+        child = f"{instance}.{step.agent_id}"
+        await self._session(lane, step.trace, child, 0, step.agent_id)
+
+    async def _think(self, think_s: float) -> None:
+        delay = min(think_s * self.cfg.think_scale, self.cfg.max_think_s)
+        if delay > 0:
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=delay)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _request(self, lane: int, conv: Conversation, step: Turn, turn_no: int, sid: str,
+                       trace_id: str, subagent: str, prime: bool, warm: bool) -> None:
+        """Send one turn; `warm` says this conversation already sent a request (so the
+        trace's prefix hit applies to it; the first request of a replay finds a cold cache)."""
+        cfg = self.cfg
+        if cfg.max_requests is not None and self.stats.started >= cfg.max_requests:
+            self.stop("max_requests")
+            return
+        intended = perf_ns()
+        prepared = conv.next_turn(step, turn_no)
+        pool_hit_blocks = self.cache_model.observe(conv.block_keys(step.hash_ids))
+        bs_tokens = conv.trace.block_size * self.synth.context_scale
+        max_tokens = prepared.max_tokens
+        if cfg.max_model_len:
+            max_tokens = max(1, min(max_tokens, cfg.max_model_len - prepared.intended_in))
+        self._req_seq += 1
+        rid = f"{self.synth.run_ns[:8]}-{lane}-{self._req_seq}"
+        rec = RequestRecord(request_id=rid, session_id=sid, lane=lane, turn=turn_no,
+                            warmup=prime or intended < self.warmup_end_ns, trace_id=trace_id,
+                            subagent=subagent, kind="prime" if prime else "turn",
+                            intended_send_ns=intended, isl_intended=prepared.intended_in,
+                            osl_intended=max_tokens,
+                            cached_expected=prepared.expected_cached if warm else 0,
+                            cached_expected_pool=min(prepared.intended_in,
+                                                     int(pool_hit_blocks * bs_tokens)))
+        prepared.max_tokens = max_tokens
+        self.stats.started += 1
+        self.stats.in_flight += 1
+        self.stats.max_in_flight = max(self.stats.max_in_flight, self.stats.in_flight)
+        task = asyncio.create_task(self.sender.send(conv, prepared, rec))
+        self._inflight[rid] = task
+        live_text = None
+        try:
+            live_text = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                task.cancel()
+            rec.error = rec.error or "cancelled"
+            rec.ok = False
+            if not rec.end_ns:
+                rec.end_ns = perf_ns()
+                rec.e2e_ms = (rec.end_ns - rec.start_ns) / 1e6 if rec.start_ns else None
+        except Exception as exc:  # a bug in rendering/sending must not lose the record
+            rec.error = rec.error or type(exc).__name__
+            rec.error_detail = str(exc)[:300]
+            rec.ok = False
+        finally:
+            self._inflight.pop(rid, None)
+            self.stats.in_flight -= 1
+            self.stats.note(rec)
+            res = self.on_record(rec)
+            if asyncio.iscoroutine(res):
+                await res
+        conv.answered(rec.osl or max_tokens, live_text)
+        if cfg.max_requests is not None and self.stats.started >= cfg.max_requests:
+            self.stop("max_requests")

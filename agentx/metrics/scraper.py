@@ -1,0 +1,173 @@
+"""Periodic /metrics scraper that never takes the run down with it.
+
+Scrapes at start, every ``interval_s`` and at stop. A failed scrape (refused
+connection, HTTP error, timeout, unparseable text) is recorded in ``errors``
+and the run goes on; the validator reports missing metrics instead. Parsing
+runs in a worker thread so a large /metrics page does not stall the event
+loop that timestamps streamed tokens.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+
+from agentx.metrics import server_metrics as sm
+from agentx.metrics.prom import SampleKey, Snapshot, parse_metrics
+
+# Short keys for the time series kept in results → (sample name, how engines combine).
+SERIES_KEYS: dict[str, tuple[str, str]] = {
+    "running": (sm.RUNNING, "sum"),
+    "waiting": (sm.WAITING, "sum"),
+    "kv_usage": (sm.KV_USAGE, "mean"),
+    "prompt_tokens": (sm.PROMPT_TOKENS, "sum"),
+    "generation_tokens": (sm.GEN_TOKENS, "sum"),
+    "prefix_hits": (sm.PREFIX_HITS, "sum"),
+    "prefix_queries": (sm.PREFIX_QUERIES, "sum"),
+    "external_hits": (sm.EXT_HITS, "sum"),
+    "external_queries": (sm.EXT_QUERIES, "sum"),
+    "preemptions": (sm.PREEMPTIONS, "sum"),
+    "spec_drafts": (sm.SPEC_DRAFTS, "sum"),
+    "spec_draft_tokens": (sm.SPEC_DRAFT_TOKENS, "sum"),
+    "spec_accepted": (sm.SPEC_ACCEPTED, "sum"),
+}
+
+MAX_ERRORS_KEPT = 100
+
+
+def metrics_url(url: str) -> str:
+    """Accept a server base URL or a full /metrics URL."""
+    parts = urlsplit(url)
+    if parts.path in ("", "/"):
+        parts = parts._replace(path="/metrics")
+    return urlunsplit(parts)
+
+
+def _series_sample(name: str) -> bool:
+    """Samples kept in the periodic series: everything but histogram buckets."""
+    return not name.endswith("_bucket")
+
+
+class MetricsScraper:
+    """Start/periodic/stop scrapes of a Prometheus endpoint.
+
+    ``first`` / ``last`` are the scrapes taken by ``start()`` / ``stop()``
+    (None if that scrape failed); ``series`` holds every successful scrape in
+    order, bucket samples dropped to bound memory on long runs. ``available``
+    is True once any scrape succeeded. ``session`` may be None: the scraper
+    then owns a small session of its own, which also keeps scrapes out of a
+    load session whose connection pool is sized to the benchmark concurrency.
+    """
+
+    def __init__(self, session: aiohttp.ClientSession | None, url: str,
+                 interval_s: float = 5.0, headers: dict | None = None,
+                 timeout_s: float = 10.0) -> None:
+        if interval_s <= 0:
+            raise ValueError("interval_s must be > 0")
+        self.url = metrics_url(url)
+        self.interval_s = interval_s
+        self.headers = dict(headers or {})
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session = session
+        self._own_session = session is None
+        self.first: Snapshot | None = None
+        self.last: Snapshot | None = None
+        self.series: list[Snapshot] = []
+        self.errors: list[dict] = []
+        self.n_errors = 0
+        self.n_scrapes = 0
+        self._task: asyncio.Task | None = None
+        self._keys: dict[SampleKey, SampleKey] = {}
+
+    @property
+    def available(self) -> bool:
+        return bool(self.series)
+
+    async def scrape_once(self) -> Snapshot | None:
+        """One scrape; the full Snapshot or None (error recorded)."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        self.n_scrapes += 1
+        t0 = time.monotonic()
+        wall0 = time.time()
+        try:
+            async with self._session.get(self.url, headers=self.headers,
+                                         timeout=self.timeout) as resp:
+                body = await resp.text()
+                if resp.status != 200:
+                    raise RuntimeError(f"HTTP {resp.status}: {body[:200].strip()}")
+            t1 = time.monotonic()
+            mid = (t1 - t0) / 2  # best guess of when the server rendered the page
+            snap = await asyncio.to_thread(parse_metrics, body, t0 + mid, wall0 + mid)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # scrape failures must never end the run
+            self._record_error(t0, exc)
+            return None
+        self.series.append(snap.reduced(_series_sample, self._keys))
+        return snap
+
+    def _record_error(self, t: float, exc: BaseException) -> None:
+        self.n_errors += 1
+        if len(self.errors) < MAX_ERRORS_KEPT:
+            msg = str(exc) or type(exc).__name__
+            self.errors.append({"t": t, "url": self.url,
+                                "error": f"{type(exc).__name__}: {msg}"})
+
+    async def start(self) -> None:
+        """Take the baseline scrape and begin periodic scraping."""
+        self.first = await self.scrape_once()
+        self._task = asyncio.create_task(self._loop(), name="metrics-scraper")
+
+    async def _loop(self) -> None:
+        next_t = time.monotonic() + self.interval_s
+        while True:
+            await asyncio.sleep(max(0.0, next_t - time.monotonic()))
+            await self.scrape_once()
+            # drift-free schedule; if a scrape overran, go again right away once
+            next_t = max(next_t + self.interval_s, time.monotonic())
+
+    async def stop(self) -> None:
+        """Stop periodic scraping, take the final scrape, close an owned session."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        self.last = await self.scrape_once()
+        if self._own_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def compute(self, model_name: str | None = None) -> dict:
+        """``server_metrics`` for the scraped window (see server_metrics.compute)."""
+        out = sm.compute(self.first, self.last, self.series, model_name=model_name)
+        out["scrape"] = {"url": self.url, "interval_s": self.interval_s,
+                         "attempts": self.n_scrapes, "errors": self.n_errors}
+        return out
+
+    def series_json(self, keys: Sequence[str] | None = None) -> list[dict]:
+        """The time series for results: one dict per scrape.
+
+        ``t`` is seconds since the first successful scrape, ``wall`` Unix time.
+        ``keys`` picks short names from SERIES_KEYS (default: all); any other
+        key is read as a raw sample name summed over label sets. A value is
+        None when that scrape did not expose it.
+        """
+        keys = list(SERIES_KEYS) if keys is None else list(keys)
+        if not self.series:
+            return []
+        t0 = self.series[0].t
+        rows = []
+        for snap in self.series:
+            row: dict = {"t": round(snap.t - t0, 3), "wall": snap.wall}
+            for key in keys:
+                name, how = SERIES_KEYS.get(key, (key, "sum"))
+                row[key] = snap.mean(name) if how == "mean" else snap.sum(name)
+            rows.append(row)
+        return rows

@@ -1,0 +1,108 @@
+"""Aggregate request records into the run summary (definitions: docs/metrics.md).
+
+Only measured requests count: ok, not warm-up, not cancelled. Percentiles use linear
+interpolation (numpy's default, as InferenceX and vLLM's bench do); std is the population std.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+
+PCTS = (50, 75, 90, 95, 99)
+
+
+def dist(values: Sequence[float] | np.ndarray) -> dict:
+    a = np.asarray([v for v in values if v is not None], dtype=float)
+    if a.size == 0:
+        return {"count": 0, "mean": None, **{f"p{p}": None for p in PCTS}, "std": None,
+                "min": None, "max": None}
+    q = np.percentile(a, PCTS)
+    return {"count": int(a.size), "mean": float(a.mean()),
+            **{f"p{p}": float(v) for p, v in zip(PCTS, q)},
+            "std": float(a.std()), "min": float(a.min()), "max": float(a.max())}
+
+
+def chunk_itls_ms(rec: dict) -> list[float]:
+    """Gaps between consecutive token-carrying chunks (ms)."""
+    o = rec["chunk_offsets_ns"]
+    return [(o[i] - o[i - 1]) / 1e6 for i in range(1, len(o))]
+
+
+def token_itls_ms(rec: dict) -> list[float]:
+    """Per-token ITL: a chunk gap divided over the k tokens that chunk carried."""
+    o, k = rec["chunk_offsets_ns"], rec["chunk_tokens"]
+    out = []
+    for i in range(1, len(o)):
+        n = max(1, k[i])
+        out.extend([(o[i] - o[i - 1]) / 1e6 / n] * n)
+    return out
+
+
+def measured(records: Iterable[dict]) -> list[dict]:
+    return [r for r in records if r["ok"] and not r["warmup"]]
+
+
+def summarize(records: list[dict], *, window_s: float, gpus: int | None = None,
+              block_size: int | None = None, kv_pool_tokens: int | None = None) -> dict:
+    """The summary numbers other tools read (keys are a contract: see docs/metrics.md)."""
+    meas = measured(records)
+    failed = [r for r in records if not r["ok"] and r["error"] != "cancelled" and not r["warmup"]]
+    cancelled = [r for r in records if r["error"] == "cancelled" and not r["warmup"]]
+    itl_chunk: list[float] = []
+    itl_tok: list[float] = []
+    for r in meas:
+        itl_chunk.extend(chunk_itls_ms(r))
+        itl_tok.extend(token_itls_ms(r))
+    tpot = [r["tpot_ms"] for r in meas if r["tpot_ms"]]
+    isl = sum((r["isl"] if r["isl"] is not None else r["isl_intended"]) for r in meas)
+    osl = sum((r["osl"] or 0) for r in meas)
+    w = max(window_s, 1e-9)
+    throughput = {"input_tok_s": isl / w, "output_tok_s": osl / w, "total_tok_s": (isl + osl) / w,
+                  "requests_s": len(meas) / w, "window_s": window_s,
+                  "per_gpu_tok_s": (isl + osl) / w / gpus if gpus else None,
+                  "per_gpu_output_tok_s": osl / w / gpus if gpus else None}
+    with_cache = [r for r in meas if r["cached_tokens"] is not None]
+    cached = sum(r["cached_tokens"] for r in with_cache)
+    cache_isl = sum((r["isl"] or r["isl_intended"]) for r in with_cache)
+    theo_in = sum(r["isl_intended"] for r in meas)
+    errors: dict[str, int] = {}
+    for r in failed:
+        errors[r["error"] or "unknown"] = errors.get(r["error"] or "unknown", 0) + 1
+    isl_err = [(r["isl"] - r["isl_intended"]) for r in meas if r["isl"] is not None]
+    return {
+        "completed": len(meas),
+        "failed": len(failed),
+        "cancelled": len(cancelled),
+        "warmup_requests": sum(1 for r in records if r["warmup"]),
+        "errors": errors,
+        "ttft_ms": dist([r["ttft_ms"] for r in meas]),
+        "ttfc_ms": dist([r["ttfc_ms"] for r in meas]),
+        "tpot_ms": dist(tpot),
+        "itl_ms": dist(itl_chunk),
+        "itl_token_ms": dist(itl_tok),
+        "e2e_ms": dist([r["e2e_ms"] for r in meas]),
+        "interactivity_tok_s_user": dist([1000.0 / t for t in tpot if t > 0]),
+        "throughput": throughput,
+        "tokens": {"input": isl, "output": osl,
+                   "reasoning": sum(r["reasoning_tokens"] for r in meas),
+                   "tokens_per_chunk_mean": (sum(sum(r["chunk_tokens"]) for r in meas)
+                                             / max(1, sum(len(r["chunk_tokens"]) for r in meas)))},
+        "reasoning_tokens": sum(r["reasoning_tokens"] for r in meas),
+        "isl_error": {"exact_fraction": (sum(1 for e in isl_err if e == 0) / len(isl_err))
+                      if isl_err else None, "abs_rel": dist(
+                          [abs(e) / max(1, r["isl_intended"])
+                           for e, r in zip(isl_err, [r for r in meas if r["isl"] is not None])])},
+        "cache": {
+            "achieved_hit_rate": cached / cache_isl if cache_isl else None,
+            "theoretical_hit_rate": (sum(r.get("cached_expected", 0) for r in meas) / theo_in
+                                     if theo_in else None),
+            "theoretical_hit_rate_pool": (sum(r.get("cached_expected_pool", 0) for r in meas)
+                                          / theo_in if theo_in else None),
+            "kv_pool_tokens": kv_pool_tokens,
+            "cached_tokens": cached,
+            "reported_by": len(with_cache),
+            "block_size": block_size,
+        },
+        "client": {"dispatch_lag_ms": dist([r["dispatch_lag_ms"] for r in meas])},
+    }

@@ -1,0 +1,246 @@
+"""Run validation: did the run measure what it claims to have measured?
+
+Each check reads named fields of summary.json and compares them with what the
+configuration promised (Expectations). A check whose input is missing is
+*skipped* with a reason, never failed, except the required-metric-families
+check: a server without the core vLLM metrics cannot back any server-side
+figure, so that absence fails. Exit-code policy (strict + fail → 3) belongs
+to the caller.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from agentx.metrics.server_metrics import CORE_FAMILIES
+
+THINKING_MODES = ("on", "off")
+
+
+@dataclass
+class Expectations:
+    """What the run configuration implies the measurements must show.
+
+    - max_error_rate: failed / (completed + failed). 1% tolerates a stray
+      timeout in an hours-long run; failures are biased toward the longest
+      prompts, so use 0.0 for figures you publish.
+    - synthetic_al / al_tolerance: forced acceptance length and the absolute
+      band (AL units) the measured 1 + Δaccepted/Δdrafts must fall in.
+      InferenceX calibrates AL to 2 decimals; 0.05 covers the sampling noise
+      of a few thousand drafts (FACTS §4: target 2.5, measured 2.52).
+    - offload_expected / working_set_exceeds_pool: an offload connector is
+      configured and the trace's working set does not fit the device pool, so
+      some prompt blocks must come back from the offload tier.
+    - theoretical_hit_rate / hit_rate_tolerance: prefix-hit rate the trace
+      allows given the KV pool, and an absolute band (0.10 = 10 points). The
+      model cannot reproduce vLLM exactly: block alignment (a partial last
+      block never hits; server block size differs from the trace's 64), the
+      eviction order of vLLM's free-block queue versus an LRU model under
+      concurrent interleaving, preemption recompute, and warm-up turns each
+      move the rate by a few points. Ten points absorbs that yet catches the
+      failures that matter (cache off → ~0 vs ~0.9; a prompt prefix broken
+      by template drift or a per-request salt).
+    - thinking: "on" → reasoning tokens must appear in the traffic, "off" →
+      none may.
+    - required_families: metric families that must be exposed (either spelling,
+      with or without ``_total``).
+    - require_complete_window: both the start and the end scrape succeeded, so
+      counter deltas cover the whole run.
+    """
+
+    max_error_rate: float = 0.01
+    synthetic_al: float | None = None
+    al_tolerance: float = 0.05
+    offload_expected: bool = False
+    working_set_exceeds_pool: bool | None = None
+    theoretical_hit_rate: float | None = None
+    hit_rate_tolerance: float = 0.10
+    thinking: str | None = None
+    required_families: list[str] = field(default_factory=lambda: list(CORE_FAMILIES))
+    require_complete_window: bool = True
+
+    def __post_init__(self) -> None:
+        if self.thinking is not None and self.thinking not in THINKING_MODES:
+            raise ValueError(f"thinking must be one of {THINKING_MODES} or None, "
+                             f"got {self.thinking!r}")
+        for name in ("max_error_rate", "al_tolerance", "hit_rate_tolerance"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+
+
+def validate(summary: dict, exp: Expectations, extra_reasons: Iterable[str] = ()) -> dict:
+    """Run every check; ``{"verdict", "reasons", "checks", "skipped"}``.
+
+    ``extra_reasons`` (e.g. "client-bound" from the fidelity monitor) are
+    failures found elsewhere; each one fails the run.
+    """
+    sm = summary.get("server_metrics")
+    sm = sm if isinstance(sm, dict) else None
+    checks = [
+        _error_rate(summary, exp),
+        _families(sm, exp),
+        _window(sm, exp),
+        _acceptance_length(sm, exp),
+        _offload(sm, exp),
+        _hit_rate(summary, sm, exp),
+        _thinking(summary, exp),
+    ]
+    checks += [_check("extra", False, None, None, str(r)) for r in extra_reasons]
+    failed = [c for c in checks if c["ok"] is False]
+    return {
+        "verdict": "fail" if failed else "pass",
+        "reasons": [f"{c['name']}: {c['reason']}" for c in failed],
+        "skipped": [f"{c['name']}: {c['reason']}" for c in checks if c["ok"] is None],
+        "checks": checks,
+    }
+
+
+def _check(name: str, ok: bool | None, measured: Any, expected: Any, reason: str = "") -> dict:
+    return {"name": name, "ok": ok, "measured": measured, "expected": expected,
+            "reason": reason}
+
+
+def _skip(name: str, reason: str, expected: Any = None) -> dict:
+    return _check(name, None, None, expected, reason)
+
+
+def _num(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or math.isnan(x):
+        return None
+    return float(x)
+
+
+def _get(d: dict | None, *path: str) -> Any:
+    for key in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(key)
+    return d
+
+
+def _metrics_available(sm: dict | None) -> bool:
+    return sm is not None and sm.get("available") is not False
+
+
+def _error_rate(summary: dict, exp: Expectations) -> dict:
+    """Inputs: summary["completed"], summary["failed"] (request counts)."""
+    name = "error_rate"
+    done, failed = _num(summary.get("completed")), _num(summary.get("failed"))
+    if done is None or failed is None:
+        return _skip(name, "summary lacks numeric 'completed'/'failed'", exp.max_error_rate)
+    total = done + failed
+    if total <= 0:
+        return _check(name, False, None, exp.max_error_rate, "no request was sent")
+    rate = failed / total
+    ok = rate <= exp.max_error_rate
+    return _check(name, ok, rate, exp.max_error_rate,
+                  "" if ok else f"{int(failed)} of {int(total)} requests failed "
+                  f"({rate:.2%} > {exp.max_error_rate:.2%})")
+
+
+def _families(sm: dict | None, exp: Expectations) -> dict:
+    """Input: server_metrics["metric_families_present"]; absence fails."""
+    name = "required_metric_families"
+    if not exp.required_families:
+        return _skip(name, "no families required")
+    present = set(_get(sm, "metric_families_present") or []) if _metrics_available(sm) else set()
+    missing = [f for f in exp.required_families if not _family_in(f, present)]
+    ok = not missing
+    why = ("" if ok else "/metrics was not scraped" if not _metrics_available(sm)
+           else f"missing {', '.join(missing)}")
+    return _check(name, ok, sorted(present & set(exp.required_families)) if ok else missing,
+                  list(exp.required_families), why)
+
+
+def _family_in(fam: str, present: set[str]) -> bool:
+    base = fam[: -len("_total")] if fam.endswith("_total") else fam
+    return fam in present or base in present
+
+
+def _window(sm: dict | None, exp: Expectations) -> dict:
+    """Input: server_metrics["window"]["complete"] (start and end scrape succeeded)."""
+    name = "metrics_window"
+    if not exp.require_complete_window:
+        return _skip(name, "not required")
+    if not _metrics_available(sm):
+        return _skip(name, "/metrics not scraped")
+    complete = _get(sm, "window", "complete")
+    if complete is None:
+        return _skip(name, "server_metrics has no window")
+    return _check(name, bool(complete), complete, True,
+                  "" if complete else "start or end scrape failed; counter deltas miss part of the run")
+
+
+def _acceptance_length(sm: dict | None, exp: Expectations) -> dict:
+    """Input: server_metrics["spec_decode"]["acceptance_length"], ["num_drafts"]."""
+    name = "spec_decode_acceptance_length"
+    if exp.synthetic_al is None:
+        return _skip(name, "no synthetic acceptance length configured")
+    expected = {"al": exp.synthetic_al, "tolerance": exp.al_tolerance}
+    if not _metrics_available(sm):
+        return _skip(name, "/metrics not scraped", expected)
+    al = _num(_get(sm, "spec_decode", "acceptance_length"))
+    if al is None:
+        drafts = _get(sm, "spec_decode", "num_drafts")
+        why = ("server exposes no spec-decode counters" if drafts is None
+               else "no speculative drafts during the run")
+        return _check(name, False, None, expected, why)
+    ok = abs(al - exp.synthetic_al) <= exp.al_tolerance + 1e-12
+    return _check(name, ok, al, expected,
+                  "" if ok else f"measured AL {al:.3f}, expected {exp.synthetic_al} ± {exp.al_tolerance}")
+
+
+def _offload(sm: dict | None, exp: Expectations) -> dict:
+    """Input: server_metrics["offload"]["hits_observed"] (+ its per-connector loads)."""
+    name = "offload_hits"
+    if not exp.offload_expected:
+        return _skip(name, "no offload connector configured")
+    if exp.working_set_exceeds_pool is None:
+        return _skip(name, "unknown whether the working set exceeds the KV pool")
+    if not exp.working_set_exceeds_pool:
+        return _skip(name, "working set fits in the KV pool; offload hits not required")
+    if not _metrics_available(sm):
+        return _skip(name, "/metrics not scraped", "> 0")
+    hits = _get(sm, "offload", "hits_observed")
+    loads = _get(sm, "offload", "loads")
+    if hits is None:
+        return _check(name, False, loads, "> 0", "server exposes no offload/external-hit metric")
+    return _check(name, bool(hits), loads, "> 0",
+                  "" if hits else "working set exceeds the pool but nothing came back from offload")
+
+
+def _hit_rate(summary: dict, sm: dict | None, exp: Expectations) -> dict:
+    """Input: summary["cache"]["achieved_hit_rate"] (client cached_tokens / prompt
+    tokens); falls back to server_metrics["prefix_cache"]["hit_rate"]."""
+    name = "prefix_hit_rate"
+    if exp.theoretical_hit_rate is None:
+        return _skip(name, "no theoretical hit rate given")
+    expected = {"rate": exp.theoretical_hit_rate, "tolerance": exp.hit_rate_tolerance}
+    measured = _num(_get(summary, "cache", "achieved_hit_rate"))
+    source = "client"
+    if measured is None and _metrics_available(sm):
+        measured, source = _num(_get(sm, "prefix_cache", "hit_rate")), "server"
+    if measured is None:
+        return _skip(name, "no achieved hit rate (client or server)", expected)
+    ok = abs(measured - exp.theoretical_hit_rate) <= exp.hit_rate_tolerance + 1e-12
+    out = _check(name, ok, measured, expected,
+                 "" if ok else f"{source} hit rate {measured:.3f} vs theoretical "
+                 f"{exp.theoretical_hit_rate:.3f} ± {exp.hit_rate_tolerance}")
+    out["source"] = source
+    return out
+
+
+def _thinking(summary: dict, exp: Expectations) -> dict:
+    """Input: summary["reasoning_tokens"] (reasoning tokens the client received)."""
+    name = "thinking_mode"
+    if exp.thinking is None:
+        return _skip(name, "thinking mode not requested")
+    seen = _num(summary.get("reasoning_tokens"))
+    expected = "> 0" if exp.thinking == "on" else "0"
+    if seen is None:
+        return _skip(name, "summary lacks 'reasoning_tokens'", expected)
+    ok = seen > 0 if exp.thinking == "on" else seen == 0
+    why = "" if ok else ("thinking on but no reasoning tokens in the traffic" if exp.thinking == "on"
+                         else f"thinking off but {int(seen)} reasoning tokens in the traffic")
+    return _check(name, ok, seen, expected, why)

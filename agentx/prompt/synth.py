@@ -1,0 +1,180 @@
+"""Turn a trace session into the chat messages of each request, with exact token counts.
+
+Message structure: one system message (system prompt, then the tool definitions), then for
+every turn a user message (the new input: a user prompt or tool results) and, once answered,
+an assistant message. History is append-only, so turn i's prompt starts with turn i-1's
+prompt byte for byte and a server's prefix cache sees what the trace's hash_ids describe.
+
+Token budget of turn i, for a template with per-message overheads (see TokenModel):
+    in_i = base + gen + Σ overhead(role) + Σ content tokens
+The previous turn's assistant message takes min(out_{i-1}, what the growth allows) tokens
+(agents drop thinking blocks from history, so the growth can be smaller than out); the new
+user message takes the rest. A prompt that shrinks, or whose hash_ids keep less than half of
+the previous turn's blocks, is a context compaction: history restarts from the system message.
+
+Content comes from `BlockFactory` keyed by (namespace, hash_id): equal ids inside a session
+instance give identical text; the namespace carries the run salt (per-run cache isolation,
+unless --warm-cache), the trace id and the session instance. With --shared-prefix the system
+(and tool) blocks use a run-wide namespace instead, so every session shares them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..trace.model import Trace, Turn
+from .token_model import TokenModel
+
+SHARED_PREFIX_MODES = ("none", "system", "system+tools")
+
+
+@dataclass
+class SynthConfig:
+    run_ns: str  # run salt (or the seed with --warm-cache): namespaces all content
+    shared_prefix: str = "none"
+    context_scale: float = 1.0  # multiply trace token counts (fit long traces to small models)
+    live_history: bool = False
+    max_prompt_tokens: int | None = None  # clamp (e.g. server max_model_len - out)
+
+
+@dataclass
+class PreparedTurn:
+    messages: list[dict]
+    intended_in: int  # prompt tokens we intend (after scaling / clamping)
+    max_tokens: int
+    compaction: bool = False
+    expected_cached: int = 0  # the trace's in-session prefix hit (infinite cache), tokens
+
+
+@dataclass
+class Conversation:
+    """The growing message list of one session instance."""
+
+    trace: Trace
+    instance: str  # unique per lane pick, e.g. "L3.7"
+    cfg: SynthConfig
+    model: TokenModel
+    messages: list[dict] = field(default_factory=list)
+    content_tokens: list[int] = field(default_factory=list)
+    prev_ids: Sequence[int] = ()
+    prev_in: int = 0
+    pending_out: int = 0  # tokens of the last answer not yet in history
+    turn_index: int = -1
+    _skip_blocks: int = 0
+    _last_user_ids: list = field(default_factory=list)
+    _live_text: str | None = None
+
+    @property
+    def ns(self) -> str:
+        return f"{self.cfg.run_ns}/{self.trace.id}/{self.instance}"
+
+    def _scale(self, n: int) -> int:
+        return max(1, round(n * self.cfg.context_scale))
+
+    # -- building blocks -------------------------------------------------------------------
+    def _system(self, in_tokens: int, ids: Sequence[int]) -> None:
+        """Start (or restart) history with the system message of system+tool tokens."""
+        tm, bs = self.model, self.trace.block_size
+        sys_t = self._scale(self.trace.system_tokens) if self.trace.system_tokens else 0
+        tool_t = self._scale(self.trace.tool_tokens) if self.trace.tool_tokens else 0
+        fixed = tm.base + tm.generation_prompt + tm.overhead["system"] + tm.overhead["user"]
+        budget = max(0, in_tokens - fixed - 1)  # keep >= 1 token for the first user message
+        if sys_t + tool_t > budget:  # small trace or heavy scaling: shrink proportionally
+            f = budget / max(1, sys_t + tool_t)
+            sys_t, tool_t = int(sys_t * f), int(tool_t * f)
+        sys_c = max(1, sys_t - tm.overhead["system"]) if sys_t else 1
+        n_sys_blocks = -(-self.trace.system_tokens // bs) if self.trace.system_tokens else 0
+        n_tool_blocks = -(-self.trace.tool_tokens // bs) if self.trace.tool_tokens else 0
+        shared = self.cfg.shared_prefix
+        sys_ns = f"{self.cfg.run_ns}/shared-system" if shared != "none" else self.ns
+        tool_ns = f"{self.cfg.run_ns}/shared-tools" if shared == "system+tools" else self.ns
+        f = self.model.factory
+        text = f.span(sys_ns, ["sys", *ids[:n_sys_blocks]], sys_c, bs)
+        if tool_t:
+            text += f.span(tool_ns, ["tools", *ids[n_sys_blocks:n_sys_blocks + n_tool_blocks]],
+                           tool_t, bs)
+        self.messages = [{"role": "system", "content": text}]
+        self.content_tokens = [sys_c + tool_t]
+        self._skip_blocks = n_sys_blocks + n_tool_blocks
+
+    def _append(self, role: str, text: str, n: int) -> None:
+        self.messages.append({"role": role, "content": text})
+        self.content_tokens.append(n)
+
+    def _current_tokens(self, with_gen: bool = True) -> int:
+        tm = self.model
+        return (tm.base + (tm.generation_prompt if with_gen else 0)
+                + sum(tm.overhead.get(m["role"], tm.overhead["user"]) for m in self.messages)
+                + sum(self.content_tokens))
+
+    # -- the public step ------------------------------------------------------------------
+    def next_turn(self, turn: Turn, index: int) -> PreparedTurn:
+        """Messages for `turn` (the session's index-th request); call `answered` after it."""
+        tm, bs = self.model, self.trace.block_size
+        target = self._scale(turn.in_tokens)
+        max_tokens = self._scale(turn.out_tokens)
+        if self.cfg.max_prompt_tokens:
+            target = min(target, self.cfg.max_prompt_tokens)
+        ids = turn.hash_ids
+        common = _common_prefix(self.prev_ids, ids)
+        compaction = bool(self.messages) and (
+            target < self.prev_in or common * 2 < len(self.prev_ids))
+        if not self.messages or compaction:
+            self._system(target, ids)
+            new_ids = ids[self._skip_blocks:]
+        else:
+            new_ids = ids[common:]
+            # previous answer into history: as much of it as the growth allows
+            a_over, u_over = tm.overhead["assistant"], tm.overhead["user"]
+            room = target - self._current_tokens() - a_over - u_over - 1
+            a = self.pending_out if self.cfg.live_history else min(self.pending_out, max(0, room))
+            a_text = self._answer_text(a)
+            self._append("assistant", a_text, a)
+        user_n = target - self._current_tokens() - tm.overhead["user"]
+        if user_n < 1:
+            user_n = 1  # the trace's growth cannot hold the history: prompt runs long (counted)
+        self._last_user_ids = list(new_ids) or [("u", index)]
+        text = self.model.factory.span(self.ns, self._last_user_ids, user_n, bs)
+        self._append("user", text, user_n)
+        expected = min(target, self._scale(common * bs)) if self.prev_ids else 0
+        self.prev_ids, self.turn_index = ids, index
+        intended = self._current_tokens()
+        self.prev_in = intended
+        return PreparedTurn(list(self.messages), intended, max_tokens, compaction, expected)
+
+    def block_keys(self, ids: Sequence[int]) -> list[tuple]:
+        """Cache identity of each trace block of a prompt, namespaced like its content."""
+        bs = self.trace.block_size
+        n_sys = -(-self.trace.system_tokens // bs) if self.trace.system_tokens else 0
+        n_tool = -(-self.trace.tool_tokens // bs) if self.trace.tool_tokens else 0
+        shared = self.cfg.shared_prefix
+        n_shared = n_sys if shared == "system" else n_sys + n_tool if shared != "none" else 0
+        ns = self.ns
+        return [("shared", i) if i < n_shared else (ns, h) for i, h in enumerate(ids)]
+
+    def _answer_text(self, n: int) -> str:
+        if self.cfg.live_history and self._live_text is not None:
+            return self._live_text
+        return self.model.factory.span(self.ns, [("a", self.turn_index)], n, self.trace.block_size)
+
+    def answered(self, out_tokens: int, live_text: str | None = None) -> None:
+        """Record the answer of the last turn: it joins history before the next user message."""
+        self.pending_out = out_tokens
+        self._live_text = live_text if self.cfg.live_history else None
+
+    def fix_last_user(self, delta: int) -> None:
+        """Grow (delta > 0) or shrink the last user message by delta tokens (exact mode)."""
+        old = self.content_tokens[-1]
+        n = max(1, old + delta)
+        text = self.model.factory.span(self.ns, self._last_user_ids, n, self.trace.block_size)
+        self.messages[-1] = {"role": "user", "content": text}
+        self.content_tokens[-1] = n
+        self.prev_in += n - old
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

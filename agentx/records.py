@@ -1,0 +1,82 @@
+"""Per-request records: what was sent, what came back, and when (the raw truth of a run).
+
+One `RequestRecord` per request that was started, written to requests.jsonl as soon as it
+finishes (flushed per line, so a crashing server or client never loses finished records).
+Times: wall-clock ns for correlation with server logs, monotonic ns (perf_counter) for all
+durations; chunk arrival offsets are ns after the request start, taken when the bytes arrived,
+before parsing.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import IO
+
+import orjson
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    request_id: str
+    session_id: str
+    lane: int
+    turn: int
+    warmup: bool
+    trace_id: str = ""
+    subagent: str = ""
+    kind: str = "turn"  # turn | prime (the lane's warm-up turn before its start turn)
+    intended_send_ns: int = 0  # monotonic: when the engine wanted to send (end of think time)
+    start_wall_ns: int = 0
+    start_ns: int = 0  # monotonic, right before the request was handed to the socket
+    first_token_ns: int = 0  # monotonic arrival of the first chunk carrying a token
+    first_content_ns: int = 0  # first non-reasoning content
+    end_ns: int = 0
+    ttft_ms: float | None = None
+    ttfc_ms: float | None = None
+    e2e_ms: float | None = None
+    tpot_ms: float | None = None
+    dispatch_lag_ms: float | None = None
+    chunk_offsets_ns: list[int] = field(default_factory=list)  # arrival - start_ns
+    chunk_tokens: list[int] = field(default_factory=list)
+    isl_intended: int = 0
+    osl_intended: int = 0
+    cached_expected: int = 0  # the trace's in-session prefix hit for this request (tokens)
+    cached_expected_pool: int = 0  # the same through an LRU of the server's KV pool size
+    isl: int | None = None  # server usage.prompt_tokens
+    osl: int | None = None  # server usage.completion_tokens (else counted tokens)
+    osl_counted: int = 0  # tokens counted from chunks (usage deltas, else 1 per chunk)
+    reasoning_tokens: int = 0
+    cached_tokens: int | None = None
+    server_ttft_ms: float | None = None  # per-request metrics, when the server sends them
+    server_queue_ms: float | None = None
+    status: int = 0
+    ok: bool = False
+    error: str | None = None  # error class: http_429, http_5xx, connect, reset, timeout, ...
+    error_detail: str | None = None
+    finish_reason: str | None = None
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+
+class RecordWriter:
+    """Appends records to requests.jsonl, one flushed line each."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = path
+        self._f: IO[bytes] = open(path, "ab")
+        self.count = 0
+
+    def write(self, rec: RequestRecord) -> None:
+        self._f.write(rec.to_json() + b"\n")
+        self._f.flush()
+        self.count += 1
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+
+def read_records(path: str | os.PathLike) -> list[dict]:
+    with open(path, "rb") as f:
+        return [orjson.loads(line) for line in f if line.strip()]

@@ -1,0 +1,56 @@
+"""End-of-run console table: the numbers a performance engineer checks first."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _f(v: float | None, nd: int = 1) -> str:
+    return "-" if v is None else f"{v:,.{nd}f}"
+
+
+def print_summary(summary: dict, console: Console | None = None) -> None:
+    console = console or Console()
+    t = Table(title=f"agentx — {summary.get('config', {}).get('trace', '')} "
+                    f"conc {summary.get('config', {}).get('conc', '')}")
+    t.add_column("metric")
+    for c in ("mean", "p50", "p90", "p99"):
+        t.add_column(c, justify="right")
+    for key, label in (("ttft_ms", "TTFT ms"), ("ttfc_ms", "TTFC ms"), ("tpot_ms", "TPOT ms"),
+                       ("itl_ms", "ITL (chunk) ms"), ("itl_token_ms", "ITL (token) ms"),
+                       ("e2e_ms", "E2E ms"), ("interactivity_tok_s_user", "tok/s/user")):
+        d = summary.get(key) or {}
+        t.add_row(label, *(_f(d.get(c)) for c in ("mean", "p50", "p90", "p99")))
+    console.print(t)
+    th = summary["throughput"]
+    cache = summary["cache"]
+    lines = [
+        f"requests: {summary['completed']} completed, {summary['failed']} failed, "
+        f"{summary['cancelled']} cancelled, {summary['warmup_requests']} warm-up (excluded)",
+        f"throughput: {_f(th['total_tok_s'])} tok/s total, {_f(th['output_tok_s'])} output tok/s, "
+        f"{_f(th['requests_s'], 3)} req/s over {_f(th['window_s'])} s"
+        + (f", {_f(th['per_gpu_tok_s'])} tok/s/GPU" if th.get("per_gpu_tok_s") else ""),
+        f"prefix cache: achieved {_pct(cache['achieved_hit_rate'])}, "
+        f"trace-theoretical {_pct(cache['theoretical_hit_rate'])}",
+    ]
+    if summary.get("errors"):
+        lines.append("errors: " + ", ".join(f"{k}={v}" for k, v in summary["errors"].items()))
+    sm = summary.get("server_metrics") or {}
+    al = (sm.get("spec_decode") or {}).get("acceptance_length")
+    if al:
+        lines.append(f"spec decode: acceptance length {al:.3f}")
+    cl = summary.get("client") or {}
+    if cl.get("loop_lag_ms"):
+        lines.append(f"client: loop lag p99 {_f(cl['loop_lag_ms'].get('p99'), 2)} ms, dispatch lag "
+                     f"p99 {_f((cl.get('dispatch_lag_ms') or {}).get('p99'), 2)} ms, "
+                     f"cpu {_pct(cl.get('cpu_util'))}")
+    v = summary.get("validation")
+    if v:
+        lines.append(f"validation: {v['verdict']}" + (
+            " — " + "; ".join(v["reasons"]) if v.get("reasons") else ""))
+    for ln in lines:
+        console.print(ln)
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"

@@ -1,0 +1,319 @@
+"""One benchmark run as a function: `run(RunConfig) -> summary dict`.
+
+Sweeps and A/B comparisons call this; the CLI is a thin wrapper. A run writes, under
+`output_dir`: requests.jsonl (streamed as requests finish), metrics.jsonl (the /metrics time
+series) and summary.json (self-describing: it embeds the config needed to rerun, minus
+secrets). With no base_url it starts the embedded simulator on a free loopback port.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import secrets
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from . import __version__
+from .client.http import ClientConfig, first_model, make_session
+from .engine.cache_model import PrefixLRU
+from .engine.lanes import Engine, EngineConfig
+from .engine.selfmon import LoopLagSampler
+from .engine.sender import ChatSender, TokenIdsSender
+from .errors import InputError
+from .metrics.server_metrics import kv_pool
+from .metrics.summary import dist, summarize
+from .plan import Planner
+from .prompt.synth import SHARED_PREFIX_MODES, SynthConfig
+from .prompt.token_model import TokenModel, builtin_model, hf_model
+from .records import RecordWriter, RequestRecord, read_records
+from .trace.load import load_traces
+
+SECRET_FIELDS = ("api_key",)
+
+
+@dataclass
+class RunConfig:
+    trace: str = "swe"
+    conc: int = 8
+    duration_s: float | None = 60.0
+    max_requests: int | None = None
+    warmup_s: float = 0.0
+    seed: int = 0
+    think_scale: float = 1.0
+    max_think_s: float = 300.0
+    start_min: float = 0.25
+    start_max: float = 0.75
+    drain_timeout_s: float = 30.0
+    # target
+    base_url: str | None = None  # None: the embedded simulator
+    model: str | None = None
+    api_key: str | None = None
+    timeout_s: float = 600.0
+    thinking: str | None = None  # on | off
+    extra_body: dict = field(default_factory=dict)
+    # synthesis
+    tokenizer: str | None = None  # local HF tokenizer dir: client-side template, token ids
+    context_scale: float = 1.0
+    shared_prefix: str = "none"
+    live_history: bool = False
+    warm_cache: bool = False
+    no_cache_salt: bool = False
+    # output
+    output_dir: str | None = None
+    gpus: int | None = None
+    progress: bool = True
+    scrape_interval_s: float = 5.0
+    validate: str = "warn"  # strict | warn | off
+    expect_al: float | None = None
+    al_tolerance: float = 0.05
+    expect_offload: bool = False
+    loop_lag_threshold_ms: float | None = None
+    # embedded simulator options (SimConfig field -> value), used when base_url is None
+    sim: dict = field(default_factory=dict)
+
+    def check(self) -> None:
+        def bad(name: str, msg: str) -> None:
+            raise InputError("command line", msg, field=f"--{name.replace('_', '-')}")
+
+        if self.conc < 1:
+            bad("conc", "must be >= 1")
+        if self.shared_prefix not in SHARED_PREFIX_MODES:
+            bad("shared_prefix", f"must be one of {', '.join(SHARED_PREFIX_MODES)}")
+        if self.thinking not in (None, "on", "off"):
+            bad("thinking", "must be on or off")
+        if self.validate not in ("strict", "warn", "off"):
+            bad("validate", "must be strict, warn or off")
+        if not 0 <= self.start_min <= self.start_max <= 1:
+            bad("start_range", "must satisfy 0 <= min <= max <= 1")
+        if self.context_scale <= 0:
+            bad("context_scale", "must be > 0")
+        if self.duration_s is None and self.max_requests is None:
+            bad("duration", "give --duration or --max-requests (a run must be bounded)")
+
+    def public(self) -> dict:
+        """The config as recorded in results: everything to rerun, no secrets."""
+        d = dataclasses.asdict(self)
+        for k in SECRET_FIELDS:
+            if d.get(k):
+                d[k] = "<redacted>"
+        return d
+
+
+def default_output_dir(cfg: RunConfig) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = Path(cfg.trace).name.split(".")[0]
+    return Path("results") / f"{stamp}-{name}-c{cfg.conc}"
+
+
+def run(cfg: RunConfig) -> dict:
+    """Run synchronously (own event loop; uvloop when installed). Returns the summary."""
+    cfg.check()
+    sim = None
+    if cfg.base_url is None:
+        from .sim.config import SimConfig
+        from .sim.embedded import start_in_thread
+
+        sim_cfg = SimConfig(port=0, **cfg.sim)
+        if cfg.api_key:
+            sim_cfg.api_key = cfg.api_key
+        sim = start_in_thread(sim_cfg)
+    try:
+        base = sim.base_url if sim else cfg.base_url
+        return _run_loop(run_async(cfg, base, embedded=sim is not None))
+    finally:
+        if sim:
+            sim.stop()
+
+
+def _run_loop(coro: Any) -> Any:
+    try:
+        import uvloop
+
+        return uvloop.run(coro) if hasattr(uvloop, "run") else asyncio.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
+
+
+async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) -> dict:
+    traces = load_traces(cfg.trace)
+    out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    run_salt = secrets.token_hex(8)
+    run_ns = f"seed{cfg.seed}" if cfg.warm_cache else run_salt
+    ccfg = ClientConfig(base_url=base_url, model=cfg.model or "", timeout_s=cfg.timeout_s,
+                        api_key=cfg.api_key or os.environ.get("OPENAI_API_KEY"),
+                        thinking=cfg.thinking, extra_body=cfg.extra_body,
+                        cache_salt=None if (cfg.warm_cache or cfg.no_cache_salt) else run_salt)
+    async with make_session(ccfg, cfg.conc) as session:
+        max_model_len = None
+        try:
+            model, max_model_len = await first_model(session, base_url)
+        except Exception as exc:
+            raise InputError(base_url, f"cannot list models at /v1/models: {exc}",
+                             field="--base-url") from None
+        ccfg.model = cfg.model or model
+        tm, token_info = await _token_model(cfg, session, base_url, ccfg.model, embedded)
+        synth = SynthConfig(run_ns=run_ns, shared_prefix=cfg.shared_prefix,
+                            context_scale=cfg.context_scale, live_history=cfg.live_history,
+                            max_prompt_tokens=(max_model_len - 16) if max_model_len else None)
+        sender_cls = TokenIdsSender if tm.kind == "hf" else ChatSender
+        sender = sender_cls(session, ccfg, keep_text=cfg.live_history)
+        ecfg = EngineConfig(conc=cfg.conc, duration_s=cfg.duration_s,
+                            max_requests=cfg.max_requests, warmup_s=cfg.warmup_s,
+                            think_scale=cfg.think_scale, max_think_s=cfg.max_think_s,
+                            drain_timeout_s=cfg.drain_timeout_s,
+                            max_model_len=max_model_len)
+        scraper = _scraper(base_url, cfg.scrape_interval_s, ccfg.headers())
+        pool_tokens = None
+        if scraper:
+            await scraper.start()
+            if scraper.first is not None:
+                pool_tokens = kv_pool(scraper.first).get("kv_pool_tokens")
+        block_tokens = traces.block_size * cfg.context_scale
+        cache_model = PrefixLRU(int(pool_tokens / block_tokens) if pool_tokens else None)
+        writer = RecordWriter(out / "requests.jsonl")
+        engine = Engine(Planner(traces, cfg.seed, cfg.start_min, cfg.start_max), synth, tm,
+                        sender, ecfg, writer.write, cache_model)
+        lag = LoopLagSampler()
+        loop = asyncio.get_running_loop()
+        _install_signals(loop, engine)
+        done = asyncio.Event()
+        prog = None
+        if cfg.progress:
+            from .report.progress import show_progress
+
+            prog = asyncio.create_task(show_progress(engine.stats, done,
+                                                     f"agentx {cfg.trace} conc {cfg.conc}"))
+        lag.start()
+        t_wall0 = time.time()
+        try:
+            await engine.run()
+        finally:
+            await lag.stop()
+            done.set()
+            if prog:
+                await prog
+            writer.close()
+            _remove_signals(loop)
+            if scraper:
+                await scraper.stop()
+    records = read_records(out / "requests.jsonl")
+    summary = _summary(cfg, engine, records, scraper, lag, tm, token_info, ccfg, max_model_len,
+                       base_url, embedded, t_wall0)
+    (out / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+    if scraper:
+        with open(out / "metrics.jsonl", "wb") as f:
+            for row in scraper.series_json():
+                f.write(orjson.dumps(row) + b"\n")
+    summary["output_dir"] = str(out)
+    return summary
+
+
+async def _token_model(cfg: RunConfig, session: Any, base_url: str, model: str,
+                       embedded: bool) -> tuple[TokenModel, dict]:
+    kw = {"enable_thinking": cfg.thinking == "on"} if cfg.thinking else None
+    if cfg.tokenizer:
+        if not Path(cfg.tokenizer).is_dir():
+            raise InputError(cfg.tokenizer, "not a directory with a Hugging Face tokenizer",
+                             field="--tokenizer")
+        tm = hf_model(cfg.tokenizer, kw)
+        return tm, {"mode": "hf", "tokenizer": cfg.tokenizer, "overhead": tm.overhead,
+                    "generation_prompt": tm.generation_prompt}
+    if embedded:
+        return builtin_model(), {"mode": "builtin"}
+    from .prompt.calibrate import calibrated_model
+
+    try:
+        return await calibrated_model(session, base_url, model, kw)
+    except Exception as exc:  # server without /tokenize: word = token assumption, reported
+        return builtin_model(), {"mode": "assumed", "reason": f"/tokenize unavailable: {exc}"[:200]}
+
+
+def _scraper(base_url: str, interval: float, headers: dict):
+    """Scrapes use their own session so they never queue behind benchmark requests."""
+    if interval <= 0:
+        return None
+    from .metrics.scraper import MetricsScraper
+
+    auth = {k: v for k, v in headers.items() if k == "Authorization"}
+    return MetricsScraper(None, base_url.rstrip("/") + "/metrics", interval_s=interval,
+                          headers=auth)
+
+
+def _install_signals(loop: asyncio.AbstractEventLoop, engine: Engine) -> None:
+    """First SIGINT/SIGTERM: stop and drain (bounded); a second: cancel in-flight now."""
+    def handler() -> None:
+        if engine.stopping:
+            engine.cfg.drain_timeout_s = 0
+            for t in list(engine._inflight.values()):
+                t.cancel()
+        else:
+            print("\nagentx: stopping — draining in-flight requests (Ctrl-C again to cancel)",
+                  file=sys.stderr)
+            engine.stop("signal")
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, handler)
+
+
+def _remove_signals(loop: asyncio.AbstractEventLoop) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(sig)
+
+
+def _summary(cfg: RunConfig, engine: Engine, records: list[dict], scraper: Any,
+             lag: LoopLagSampler, tm: TokenModel, token_info: dict, ccfg: ClientConfig,
+             max_model_len: int | None, base_url: str, embedded: bool, t_wall0: float) -> dict:
+    # measurement window: from the end of warm-up to the last measured completion
+    meas_ends = [r["end_ns"] for r in records if r["ok"] and not r["warmup"]]
+    t0 = max(engine.t_start_ns, engine.warmup_end_ns)
+    window_s = ((max(meas_ends) if meas_ends else engine.t_end_ns) - t0) / 1e9
+    server_metrics = scraper.compute(ccfg.model) if scraper else None
+    sm = server_metrics or {}
+    s = summarize(records, window_s=window_s, gpus=cfg.gpus, block_size=sm.get("kv_block_size"),
+                  kv_pool_tokens=sm.get("kv_pool_tokens"))
+    s["client"].update({"loop_lag_ms": dist(lag.lags_ms), "cpu_util": lag.cpu_util,
+                        "max_in_flight": engine.stats.max_in_flight,
+                        "max_sessions_active": engine.stats.max_sessions_active})
+    s["server_metrics"] = server_metrics
+    s["stop_reason"] = engine.stop_reason
+    s["config"] = cfg.public()
+    s["run"] = {"agentx_version": __version__, "started_at": t_wall0, "target": base_url,
+                "embedded_simulator": embedded, "model": ccfg.model,
+                "max_model_len": max_model_len, "tokens": token_info,
+                "cache_salt": bool(ccfg.cache_salt), "python": platform.python_version(),
+                "host": platform.node()}
+    if cfg.validate != "off":
+        s["validation"] = _validate(cfg, s)
+    return s
+
+
+def _validate(cfg: RunConfig, s: dict) -> dict:
+    from .metrics.validate import Expectations, validate
+
+    itl_p50 = (s.get("itl_ms") or {}).get("p50") or 0.0
+    threshold = cfg.loop_lag_threshold_ms or max(2.0, 0.1 * itl_p50)
+    lag_p99 = (s["client"]["loop_lag_ms"] or {}).get("p99")
+    extra = []
+    if lag_p99 is not None and lag_p99 > threshold:
+        extra.append(f"client-bound: event-loop lag p99 {lag_p99:.2f} ms > {threshold:.2f} ms; "
+                     "timings include client delay (use --workers or fewer lanes)")
+    exp = Expectations(synthetic_al=cfg.expect_al, al_tolerance=cfg.al_tolerance,
+                       offload_expected=cfg.expect_offload,
+                       theoretical_hit_rate=(s["cache"]["theoretical_hit_rate_pool"]
+                                             if s["cache"]["kv_pool_tokens"]
+                                             else s["cache"]["theoretical_hit_rate"]),
+                       thinking=cfg.thinking)
+    return validate(s, exp, extra_reasons=extra)

@@ -1,0 +1,72 @@
+"""In-memory trace model shared by every loader, the generator, the planner and the stats.
+
+A trace is one recorded agentic-coding session: an ordered list of steps, each either a
+request (`Turn`) or a child conversation (`Subagent`) that the parent spawned at that point.
+Loaders normalise optional fields here so nothing downstream has to guess.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+
+@dataclass(slots=True)
+class Turn:
+    """One request of a session.
+
+    in_tokens: whole prompt tokens (system + tools + history + new input).
+    out_tokens: tokens the model generated (replayed as max_tokens with ignore_eos).
+    hash_ids: one id per `block_size`-token block of the prompt (last may be partial);
+        equal ids inside one trace mean identical content.
+    think_time: seconds the client waited before sending this request (tool run / user).
+        Loaders fill it when missing: t - previous t - previous api_time, else 0.
+    """
+
+    in_tokens: int
+    out_tokens: int
+    hash_ids: list[int]
+    t: float = 0.0
+    think_time: float = 0.0
+    api_time: float | None = None
+    input_types: tuple[str, ...] = ()
+    kind: str = "n"
+
+
+@dataclass(slots=True)
+class Subagent:
+    """A child conversation spawned by the parent; the parent waits for it to finish."""
+
+    agent_id: str
+    trace: "Trace"
+    t: float = 0.0
+
+
+Step = Union[Turn, Subagent]
+
+
+@dataclass(slots=True)
+class Trace:
+    id: str
+    steps: list[Step]
+    block_size: int = 64
+    system_tokens: int = 0
+    tool_tokens: int = 0
+    source: str = ""  # file (and member) it came from, for error messages and records
+
+    @property
+    def turns(self) -> list[Turn]:
+        """The parent's own requests, in order (subagents excluded)."""
+        return [s for s in self.steps if isinstance(s, Turn)]
+
+    @property
+    def subagents(self) -> list[Subagent]:
+        return [s for s in self.steps if isinstance(s, Subagent)]
+
+
+@dataclass(slots=True)
+class TraceSet:
+    """All sessions of one named trace source (a file, a directory, an archive)."""
+
+    name: str
+    traces: list[Trace] = field(default_factory=list)
+    block_size: int = 64

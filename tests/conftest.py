@@ -1,0 +1,18 @@
+"""Shared fixtures: paths to ../shared (read in place, never copied)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+SAMPLES = SHARED / "vllm-samples"
+REAL_TRACES = SHARED / "traces" / "claude-code-traces.tar.xz"
+
+
+@pytest.fixture(scope="session")
+def samples_dir() -> Path:
+    if not SAMPLES.is_dir():
+        pytest.skip("../shared/vllm-samples not present")
+    return SAMPLES

@@ -1,0 +1,189 @@
+"""The replay engine end to end against the embedded simulator over real HTTP.
+
+The simulator's truth log (what actually reached the server, with its own clock) is the
+referee: lanes, request accounting and think times are checked against it and against the
+request records, never against the engine's own counters alone.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import orjson
+import pytest
+
+from agentx.records import read_records
+from agentx.run import RunConfig, run
+
+REPO = Path(__file__).resolve().parents[1]
+FAST = {"profile": "cpu-tiny", "time_scale": 20.0}
+
+
+def write_trace(path: Path, sessions: int = 6, turns: int = 8, think: float = 1.0,
+                out: int = 20, subagent_at: int | None = None) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    for s in range(sessions):
+        reqs = []
+        ids: list[int] = list(range(1, 40))
+        for i in range(turns):
+            ids = ids + list(range(1000 * (i + 1), 1000 * (i + 1) + 5))
+            reqs.append({"t": float(i), "type": "n", "in": len(ids) * 64, "out": out,
+                         "hash_ids": list(ids), "think_time": think, "api_time": 0.5})
+            if subagent_at is not None and i == subagent_at:
+                sub = [{"t": 0.0, "type": "n", "in": 3000 + 200 * j, "out": 10,
+                        "hash_ids": list(range(1, 48 + 3 * j)), "think_time": 0.0}
+                       for j in range(3)]
+                reqs.append({"type": "subagent", "agent_id": f"a{s}", "t": float(i),
+                             "system_tokens": 500, "tool_tokens": 1000, "requests": sub})
+        doc = {"id": f"trace_{s:04d}", "block_size": 64, "system_tokens": 800,
+               "tool_tokens": 1200, "requests": reqs}
+        (path / f"trace_{s:04d}.json").write_text(json.dumps(doc))
+    return path
+
+
+def truth(path: Path) -> list[dict]:
+    with open(path, "rb") as f:
+        return [orjson.loads(line) for line in f if line.strip()]
+
+
+def _cfg(tmp_path: Path, trace: Path, **kw) -> RunConfig:
+    sim = dict(FAST)
+    sim["truth_log"] = str(tmp_path / "truth.jsonl")
+    sim.update(kw.pop("sim", {}))
+    base = dict(trace=str(trace), conc=3, duration_s=4.0, seed=1, think_scale=0.05,
+                output_dir=str(tmp_path / "out"), progress=False, scrape_interval_s=1.0,
+                drain_timeout_s=10.0, sim=sim)
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def _max_overlap(intervals: list[tuple[int, int]]) -> int:
+    ev = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])
+    cur = best = 0
+    for _, d in ev:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def test_lanes_bound_sessions_and_requests(tmp_path):
+    trace = write_trace(tmp_path / "tr", think=0.2, subagent_at=3)
+    s = run(_cfg(tmp_path, trace, conc=3, duration_s=5.0))
+    recs = read_records(tmp_path / "out" / "requests.jsonl")
+    assert s["completed"] > 20 and s["failed"] == 0
+    assert s["client"]["max_sessions_active"] == 3
+    assert s["client"]["max_in_flight"] <= 3
+    assert {r["lane"] for r in recs} == {0, 1, 2}
+    # independent check on the records' own intervals: never more than 3 requests at once
+    assert _max_overlap([(r["start_ns"], r["end_ns"]) for r in recs]) <= 3
+    # subagents ran inside their parent's lane, and the parent waited for them
+    subs = [r for r in recs if r["subagent"]]
+    assert subs
+    by_lane = defaultdict(list)
+    for r in recs:
+        by_lane[r["lane"]].append(r)
+    for lane_recs in by_lane.values():
+        assert _max_overlap([(r["start_ns"], r["end_ns"]) for r in lane_recs]) == 1
+
+
+def test_every_started_request_recorded_exactly_once(tmp_path):
+    trace = write_trace(tmp_path / "tr", think=0.1, out=200)
+    cfg = _cfg(tmp_path, trace, conc=4, duration_s=3.0, drain_timeout_s=0.2,
+               sim={"fail_rate": 0.15, "fail_kinds": ["500", "429", "reset", "malformed"]})
+    s = run(cfg)
+    recs = read_records(tmp_path / "out" / "requests.jsonl")
+    ids = [r["request_id"] for r in recs]
+    assert len(ids) == len(set(ids))
+    arrived = {t["request_id"] for t in truth(tmp_path / "truth.jsonl")}
+    # everything that reached the server is in our records; what we recorded as sent and
+    # not refused at connect reached the server
+    assert arrived <= set(ids)
+    assert {r["request_id"] for r in recs if r["error"] != "connect"} == arrived
+    assert s["failed"] > 0 and s["completed"] > 0
+    # completed, failed, cancelled and warm-up partition the records
+    assert s["completed"] + s["failed"] + s["cancelled"] + s["warmup_requests"] == len(recs)
+    assert set(s["errors"]) <= {"http_500", "http_429", "reset", "malformed", "incomplete"}
+
+
+def test_think_time_scaled_and_capped(tmp_path):
+    trace = write_trace(tmp_path / "tr", sessions=2, turns=6, think=4.0, out=5)
+    for scale, cap, expect in ((0.1, 300.0, 0.4), (1.0, 0.25, 0.25)):
+        out = tmp_path / f"o{scale}"
+        run(_cfg(tmp_path, trace, conc=1, duration_s=3.0, think_scale=scale, max_think_s=cap,
+                 output_dir=str(out), start_min=0.0, start_max=0.0))
+        recs = sorted(read_records(out / "requests.jsonl"), key=lambda r: r["start_ns"])
+        gaps = [(b["start_ns"] - a["end_ns"]) / 1e9 for a, b in zip(recs, recs[1:])
+                if a["session_id"] == b["session_id"]]
+        assert len(gaps) >= 3
+        for g in gaps:
+            assert expect - 0.005 <= g <= expect + 0.1, (scale, cap, gaps)
+
+
+def test_warmup_requests_flagged_and_excluded(tmp_path):
+    trace = write_trace(tmp_path / "tr", think=0.05)
+    s = run(_cfg(tmp_path, trace, conc=2, duration_s=3.0, warmup_s=1.0))
+    recs = read_records(tmp_path / "out" / "requests.jsonl")
+    primes = [r for r in recs if r["kind"] == "prime"]
+    assert primes and all(r["warmup"] for r in primes)
+    t0 = min(r["intended_send_ns"] for r in recs)
+    late = [r for r in recs if r["kind"] == "turn" and r["intended_send_ns"] - t0 > 1.1e9]
+    early = [r for r in recs if r["intended_send_ns"] - t0 < 0.9e9]
+    assert early and all(r["warmup"] for r in early)
+    assert late and not any(r["warmup"] for r in late)
+    measured_ok = [r for r in recs if r["ok"] and not r["warmup"]]
+    assert s["completed"] == len(measured_ok)
+    assert s["warmup_requests"] == sum(r["warmup"] for r in recs)
+    assert s["ttft_ms"]["count"] == len(measured_ok)
+
+
+def test_sigint_drains_and_writes_summary(tmp_path):
+    trace = write_trace(tmp_path / "tr", think=0.05, out=400)
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(REPO / "bench.py"), "--trace", str(trace), "--conc", "4",
+           "--duration", "60", "--output-dir", str(out), "--no-progress",
+           "--sim-profile", "cpu-tiny", "--sim-time-scale", "5", "--drain-timeout", "2"]
+    p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if (out / "requests.jsonl").exists() and (out / "requests.jsonl").stat().st_size > 0:
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)
+    t_int = time.time()
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode == 0, stderr.decode()[-2000:]
+    assert time.time() - t_int < 20  # bounded drain, not the 60 s duration
+    summary = json.loads((out / "summary.json").read_text())
+    recs = read_records(out / "requests.jsonl")
+    assert summary["stop_reason"] == "signal"
+    assert summary["completed"] > 0
+    assert len({r["request_id"] for r in recs}) == len(recs)
+
+
+def test_max_requests_and_reproducible_schedule(tmp_path):
+    trace = write_trace(tmp_path / "tr", think=0.0)
+    runs = []
+    for i in range(2):
+        out = tmp_path / f"o{i}"
+        run(_cfg(tmp_path, trace, conc=2, duration_s=None, max_requests=12,
+                 output_dir=str(out)))
+        runs.append(read_records(out / "requests.jsonl"))
+    assert all(len(r) == 12 for r in runs)
+    sched = [sorted((r["lane"], r["trace_id"], r["turn"], r["isl_intended"]) for r in rr)
+             for rr in runs]
+    assert sched[0] == sched[1]
+
+
+def test_api_key_never_reaches_results(tmp_path):
+    trace = write_trace(tmp_path / "tr", think=0.0)
+    secret = "sk-test-" + os.urandom(8).hex()
+    run(_cfg(tmp_path, trace, conc=1, duration_s=None, max_requests=3, api_key=secret))
+    for f in (tmp_path / "out").iterdir():
+        assert secret not in f.read_text(errors="replace")

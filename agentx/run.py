@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import os
 import platform
 import secrets
@@ -25,17 +24,15 @@ import orjson
 
 from . import __version__
 from .client.http import ClientConfig, first_model, make_session
-from .engine.cache_model import PrefixLRU
-from .engine.lanes import Engine, EngineConfig
-from .engine.selfmon import LoopLagSampler
-from .engine.sender import ChatSender, TokenIdsSender
+from .engine.drive import DriveResult, DriveSpec, drive, split_count, split_lanes
+from .engine.lanes import Engine
+from .engine.workers import WorkerPool, auto_workers, merge_records
 from .errors import InputError
 from .metrics.server_metrics import kv_pool
 from .metrics.summary import dist, summarize
-from .plan import Planner
-from .prompt.synth import SHARED_PREFIX_MODES, SynthConfig
+from .prompt.synth import SHARED_PREFIX_MODES
 from .prompt.token_model import TokenModel, builtin_model, hf_model
-from .records import RecordWriter, RequestRecord, read_records
+from .records import read_records
 from .trace.load import load_traces
 
 SECRET_FIELDS = ("api_key",)
@@ -80,6 +77,7 @@ class RunConfig:
     loop_lag_threshold_ms: float | None = None
     # embedded simulator options (SimConfig field -> value), used when base_url is None
     sim: dict = field(default_factory=dict)
+    workers: str = "1"  # number of client processes, or "auto"
 
     def check(self) -> None:
         def bad(name: str, msg: str) -> None:
@@ -145,7 +143,7 @@ def _run_loop(coro: Any) -> Any:
 
 
 async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) -> dict:
-    traces = load_traces(cfg.trace)
+    traces = load_traces(cfg.trace)  # parse errors surface here, before any traffic
     out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
     run_salt = secrets.token_hex(8)
@@ -154,8 +152,7 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) ->
                         api_key=cfg.api_key or os.environ.get("OPENAI_API_KEY"),
                         thinking=cfg.thinking, extra_body=cfg.extra_body,
                         cache_salt=None if (cfg.warm_cache or cfg.no_cache_salt) else run_salt)
-    async with make_session(ccfg, cfg.conc) as session:
-        max_model_len = None
+    async with make_session(ccfg, 1) as session:
         try:
             model, max_model_len = await first_model(session, base_url)
         except Exception as exc:
@@ -163,53 +160,40 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) ->
                              field="--base-url") from None
         ccfg.model = cfg.model or model
         tm, token_info = await _token_model(cfg, session, base_url, ccfg.model, embedded)
-        synth = SynthConfig(run_ns=run_ns, shared_prefix=cfg.shared_prefix,
-                            context_scale=cfg.context_scale, live_history=cfg.live_history,
-                            max_prompt_tokens=(max_model_len - 16) if max_model_len else None)
-        sender_cls = TokenIdsSender if tm.kind == "hf" else ChatSender
-        sender = sender_cls(session, ccfg, keep_text=cfg.live_history)
-        ecfg = EngineConfig(conc=cfg.conc, duration_s=cfg.duration_s,
-                            max_requests=cfg.max_requests, warmup_s=cfg.warmup_s,
-                            think_scale=cfg.think_scale, max_think_s=cfg.max_think_s,
-                            drain_timeout_s=cfg.drain_timeout_s,
-                            max_model_len=max_model_len)
-        scraper = _scraper(base_url, cfg.scrape_interval_s, ccfg.headers())
-        pool_tokens = None
+    scraper = _scraper(base_url, cfg.scrape_interval_s, ccfg.headers())
+    pool_tokens = None
+    if scraper:
+        await scraper.start()
+        if scraper.first is not None:
+            pool_tokens = kv_pool(scraper.first).get("kv_pool_tokens")
+    block_tokens = traces.block_size * cfg.context_scale
+    pool_blocks = int(pool_tokens / block_tokens) if pool_tokens else None
+    n_workers = resolve_workers(cfg, embedded)
+    lanes = split_lanes(cfg.conc, n_workers)
+    budgets = split_count(cfg.max_requests, [len(x) for x in lanes])
+    requests_path = out / "requests.jsonl"
+    specs = [DriveSpec(run=dataclasses.asdict(cfg), client=ccfg, lanes=lanes[w],
+                       max_requests=budgets[w],
+                       records_path=str(requests_path if n_workers == 1
+                                        else out / f"requests.w{w}.jsonl"),
+                       token_info=token_info, run_ns=run_ns, max_model_len=max_model_len,
+                       pool_blocks=(pool_blocks * len(lanes[w]) // cfg.conc) if pool_blocks
+                       else None, worker=w)
+             for w in range(n_workers)]
+    t_wall0 = time.time()
+    try:
+        if n_workers == 1:
+            results = [await _drive_here(cfg, specs[0], tm)]
+        else:
+            results = await _drive_workers(cfg, specs)
+    finally:
         if scraper:
-            await scraper.start()
-            if scraper.first is not None:
-                pool_tokens = kv_pool(scraper.first).get("kv_pool_tokens")
-        block_tokens = traces.block_size * cfg.context_scale
-        cache_model = PrefixLRU(int(pool_tokens / block_tokens) if pool_tokens else None)
-        writer = RecordWriter(out / "requests.jsonl")
-        engine = Engine(Planner(traces, cfg.seed, cfg.start_min, cfg.start_max), synth, tm,
-                        sender, ecfg, writer.write, cache_model)
-        lag = LoopLagSampler()
-        loop = asyncio.get_running_loop()
-        _install_signals(loop, engine)
-        done = asyncio.Event()
-        prog = None
-        if cfg.progress:
-            from .report.progress import show_progress
-
-            prog = asyncio.create_task(show_progress(engine.stats, done,
-                                                     f"agentx {cfg.trace} conc {cfg.conc}"))
-        lag.start()
-        t_wall0 = time.time()
-        try:
-            await engine.run()
-        finally:
-            await lag.stop()
-            done.set()
-            if prog:
-                await prog
-            writer.close()
-            _remove_signals(loop)
-            if scraper:
-                await scraper.stop()
-    records = read_records(out / "requests.jsonl")
-    summary = _summary(cfg, engine, records, scraper, lag, tm, token_info, ccfg, max_model_len,
-                       base_url, embedded, t_wall0)
+            await scraper.stop()
+        if n_workers > 1:
+            merge_records([s.records_path for s in specs], str(requests_path))
+    records = read_records(requests_path)
+    summary = _summary(cfg, results, n_workers, records, scraper, token_info, ccfg,
+                       max_model_len, base_url, embedded, t_wall0)
     (out / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     if scraper:
         with open(out / "metrics.jsonl", "wb") as f:
@@ -217,6 +201,75 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) ->
                 f.write(orjson.dumps(row) + b"\n")
     summary["output_dir"] = str(out)
     return summary
+
+
+def resolve_workers(cfg: RunConfig, embedded: bool) -> int:
+    if str(cfg.workers) == "auto":
+        n = auto_workers(cfg.conc, reserve=1 if embedded else 0)
+        print(f"agentx: --workers auto -> {n} process(es) for {cfg.conc} lanes "
+              f"({os.cpu_count()} cores{', 1 kept for the embedded simulator' if embedded else ''})",
+              file=sys.stderr)
+        return n
+    try:
+        n = int(cfg.workers)
+    except ValueError:
+        raise InputError("command line", "must be a number or auto", field="--workers") from None
+    if n < 1:
+        raise InputError("command line", "must be >= 1", field="--workers")
+    return min(n, cfg.conc)
+
+
+async def _drive_here(cfg: RunConfig, spec: DriveSpec, tm: TokenModel) -> DriveResult:
+    """One process: the engine runs on this event loop, progress reads its counters."""
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+    prog: list[asyncio.Task] = []
+
+    def on_engine(engine: Engine) -> None:
+        _install_signals(loop, lambda: engine.stop("signal"), engine.cancel_inflight)
+        if cfg.progress:
+            prog.append(asyncio.create_task(_progress(cfg, engine.stats, done)))
+
+    try:
+        return await drive(spec, on_engine, tm)
+    finally:
+        done.set()
+        if prog:
+            await prog[0]
+        _remove_signals(loop)
+
+
+async def _drive_workers(cfg: RunConfig, specs: list[DriveSpec]) -> list[DriveResult]:
+    pool = WorkerPool(specs)
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+    # workers get SIGINT from the terminal themselves; the parent forwards it regardless
+    _install_signals(loop, pool.request_stop, pool.request_stop)
+    prog = asyncio.create_task(_progress(cfg, pool.stats, done)) if cfg.progress else None
+    t0 = time.perf_counter_ns() + int(3e9)  # worker start-up (spawn + imports) fits in this
+    for s in specs:
+        s.t0_ns = t0
+    pool.start()
+    try:
+        results = await pool.wait()
+    finally:
+        done.set()
+        if prog:
+            await prog
+        _remove_signals(loop)
+    if pool.errors:
+        print("agentx: worker errors: " + "; ".join(f"w{k}: {v}" for k, v in
+                                                    sorted(pool.errors.items())),
+              file=sys.stderr)
+    if not results:
+        raise RuntimeError("no worker finished: " + "; ".join(pool.errors.values()))
+    return results
+
+
+async def _progress(cfg: RunConfig, stats: Any, done: asyncio.Event) -> None:
+    from .report.progress import show_progress
+
+    await show_progress(stats, done, f"agentx {cfg.trace} conc {cfg.conc}")
 
 
 async def _token_model(cfg: RunConfig, session: Any, base_url: str, model: str,
@@ -250,17 +303,18 @@ def _scraper(base_url: str, interval: float, headers: dict):
                           headers=auth)
 
 
-def _install_signals(loop: asyncio.AbstractEventLoop, engine: Engine) -> None:
+def _install_signals(loop: asyncio.AbstractEventLoop, stop, force) -> None:
     """First SIGINT/SIGTERM: stop and drain (bounded); a second: cancel in-flight now."""
+    state = {"n": 0}
+
     def handler() -> None:
-        if engine.stopping:
-            engine.cfg.drain_timeout_s = 0
-            for t in list(engine._inflight.values()):
-                t.cancel()
-        else:
+        state["n"] += 1
+        if state["n"] == 1:
             print("\nagentx: stopping — draining in-flight requests (Ctrl-C again to cancel)",
                   file=sys.stderr)
-            engine.stop("signal")
+            stop()
+        else:
+            force()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -273,22 +327,29 @@ def _remove_signals(loop: asyncio.AbstractEventLoop) -> None:
             loop.remove_signal_handler(sig)
 
 
-def _summary(cfg: RunConfig, engine: Engine, records: list[dict], scraper: Any,
-             lag: LoopLagSampler, tm: TokenModel, token_info: dict, ccfg: ClientConfig,
-             max_model_len: int | None, base_url: str, embedded: bool, t_wall0: float) -> dict:
+def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records: list[dict],
+             scraper: Any, token_info: dict, ccfg: ClientConfig, max_model_len: int | None,
+             base_url: str, embedded: bool, t_wall0: float) -> dict:
     # measurement window: from the end of warm-up to the last measured completion
     meas_ends = [r["end_ns"] for r in records if r["ok"] and not r["warmup"]]
-    t0 = max(engine.t_start_ns, engine.warmup_end_ns)
-    window_s = ((max(meas_ends) if meas_ends else engine.t_end_ns) - t0) / 1e9
+    t0 = max(min(x.t_start_ns for x in results), min(x.warmup_end_ns for x in results))
+    t_end = max(meas_ends) if meas_ends else max(x.t_end_ns for x in results)
     server_metrics = scraper.compute(ccfg.model) if scraper else None
     sm = server_metrics or {}
-    s = summarize(records, window_s=window_s, gpus=cfg.gpus, block_size=sm.get("kv_block_size"),
-                  kv_pool_tokens=sm.get("kv_pool_tokens"))
-    s["client"].update({"loop_lag_ms": dist(lag.lags_ms), "cpu_util": lag.cpu_util,
-                        "max_in_flight": engine.stats.max_in_flight,
-                        "max_sessions_active": engine.stats.max_sessions_active})
+    s = summarize(records, window_s=(t_end - t0) / 1e9, gpus=cfg.gpus,
+                  block_size=sm.get("kv_block_size"), kv_pool_tokens=sm.get("kv_pool_tokens"))
+    cpu = [x.cpu_util for x in results if x.cpu_util is not None]
+    s["client"].update({
+        "workers": n_workers,
+        "loop_lag_ms": dist([v for x in results for v in x.loop_lag_ms]),
+        "cpu_util": max(cpu) if cpu else None,  # busiest process (1.0 = a saturated core)
+        "cpu_util_per_worker": cpu,
+        "max_in_flight": max_overlap([(r["start_ns"], r["end_ns"]) for r in records]),
+        "max_sessions_active": sum(x.max_sessions_active for x in results),
+    })
     s["server_metrics"] = server_metrics
-    s["stop_reason"] = engine.stop_reason
+    reasons = {x.stop_reason for x in results}
+    s["stop_reason"] = "signal" if "signal" in reasons else sorted(reasons)[0]
     s["config"] = cfg.public()
     s["run"] = {"agentx_version": __version__, "started_at": t_wall0, "target": base_url,
                 "embedded_simulator": embedded, "model": ccfg.model,
@@ -298,6 +359,16 @@ def _summary(cfg: RunConfig, engine: Engine, records: list[dict], scraper: Any,
     if cfg.validate != "off":
         s["validation"] = _validate(cfg, s)
     return s
+
+
+def max_overlap(intervals: list[tuple[int, int]]) -> int:
+    """Most requests in flight at once, from the records' own start/end times."""
+    ev = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])
+    cur = best = 0
+    for _, d in ev:
+        cur += d
+        best = max(best, cur)
+    return best
 
 
 def _validate(cfg: RunConfig, s: dict) -> dict:

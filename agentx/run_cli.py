@@ -31,6 +31,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="a lane starts each session at a random turn in this fraction range")
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may finish after the stop (then cancelled)")
+    g.add_argument("--workers", default="1",
+                   help="client processes the lanes are split over, or 'auto' (default 1)")
     g = p.add_argument_group("target")
     g.add_argument("--base-url", default=None,
                    help="OpenAI-compatible server; omitted: start the embedded simulator")
@@ -115,7 +117,7 @@ def config_from_args(args: argparse.Namespace):
         no_cache_salt=args.no_cache_salt, output_dir=args.output_dir, gpus=args.gpus,
         progress=not args.no_progress, scrape_interval_s=args.scrape_interval,
         validate=args.validate, expect_al=args.expect_al, al_tolerance=args.al_tolerance,
-        expect_offload=args.expect_offload, sim=_parse_sim(args))
+        expect_offload=args.expect_offload, sim=_parse_sim(args), workers=args.workers)
 
 
 def main(args: argparse.Namespace) -> int:

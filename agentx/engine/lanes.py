@@ -102,28 +102,36 @@ class Engine:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    async def run(self) -> None:
+    async def run(self, t0_ns: int | None = None) -> None:
+        """Run the lanes; with t0_ns (a monotonic instant shared by worker processes) start
+        at that instant so every worker's duration and warm-up windows line up."""
         cfg = self.cfg
         lanes = cfg.lanes if cfg.lanes is not None else list(range(cfg.conc))
-        self.t_start_ns = perf_ns()
+        if t0_ns is not None and t0_ns > perf_ns():
+            await asyncio.sleep((t0_ns - perf_ns()) / 1e9)
+        self.t_start_ns = t0_ns if t0_ns is not None else perf_ns()
         self.warmup_end_ns = self.t_start_ns + int(cfg.warmup_s * 1e9)
         tasks = [asyncio.create_task(self._lane(lane), name=f"lane-{lane}") for lane in lanes]
         timer = None
         if cfg.duration_s:
-            timer = asyncio.get_running_loop().call_later(cfg.duration_s, self.stop, "duration")
+            left = cfg.duration_s - (perf_ns() - self.t_start_ns) / 1e9
+            timer = asyncio.get_running_loop().call_later(max(0.0, left), self.stop, "duration")
         await self._stop.wait()
         # no new requests from here; lanes sleeping in think time stop at once
-        deadline = cfg.drain_timeout_s
         pending = [t for t in self._inflight.values() if not t.done()]
         if pending:
-            await asyncio.wait(pending, timeout=deadline)
-        for t in self._inflight.values():
-            if not t.done():
-                t.cancel()
+            await asyncio.wait(pending, timeout=cfg.drain_timeout_s)
+        self.cancel_inflight()
         await asyncio.gather(*tasks, return_exceptions=True)
         if timer:
             timer.cancel()
         self.t_end_ns = perf_ns()
+
+    def cancel_inflight(self) -> None:
+        """Cancel requests still running (recorded as `cancelled`)."""
+        for t in list(self._inflight.values()):
+            if not t.done():
+                t.cancel()
 
     # -- lanes and sessions -----------------------------------------------------------------
     async def _lane(self, lane: int) -> None:

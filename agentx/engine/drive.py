@@ -1,0 +1,119 @@
+"""Drive a share of the lanes: the part of a run that one process executes.
+
+`drive(spec)` builds the client session, token model, sender and engine for the lanes in
+`spec`, runs them and returns what the parent needs to merge. The in-process run and every
+worker process (agentx.engine.workers) go through this one function, so a run split across
+processes has the same semantics as one process.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..client.http import ClientConfig, make_session
+from ..plan import Planner
+from ..prompt.blocks import BlockFactory
+from ..prompt.synth import SynthConfig
+from ..prompt.token_model import TokenModel, builtin_model, hf_model
+from ..prompt.words import WORDS
+from ..records import RecordWriter
+from ..trace.load import load_traces
+from .cache_model import PrefixLRU
+from .lanes import Engine, EngineConfig
+from .selfmon import LoopLagSampler
+from .sender import ChatSender, TokenIdsSender
+
+
+@dataclass
+class DriveSpec:
+    """Everything a process needs to run its lanes (picklable; holds the API key in memory
+    only, never written)."""
+
+    run: dict  # RunConfig fields
+    client: ClientConfig
+    lanes: list[int]
+    max_requests: int | None
+    records_path: str
+    token_info: dict
+    run_ns: str
+    max_model_len: int | None
+    pool_blocks: int | None
+    t0_ns: int | None = None
+    worker: int = 0
+
+
+@dataclass
+class DriveResult:
+    worker: int
+    t_start_ns: int
+    t_end_ns: int
+    warmup_end_ns: int
+    stop_reason: str
+    max_in_flight: int
+    max_sessions_active: int
+    started: int
+    loop_lag_ms: list[float] = field(default_factory=list)
+    cpu_util: float | None = None
+
+
+def token_model_from_info(info: dict, thinking: str | None) -> TokenModel:
+    """Rebuild the parent's token model in this process (no server round trip)."""
+    mode = info.get("mode")
+    if mode == "hf":
+        kw = {"enable_thinking": thinking == "on"} if thinking else None
+        return hf_model(info["tokenizer"], kw)
+    if mode == "calibrated":
+        factory = BlockFactory(WORDS, tokens_per_word=info["tokens_per_word"])
+        return TokenModel("calibrated", factory, dict(info["overhead"]),
+                          info["generation_prompt"], info.get("base", 0), None)
+    return builtin_model()
+
+
+async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = None,
+                tm: TokenModel | None = None) -> DriveResult:
+    r = spec.run
+    traces = load_traces(r["trace"])
+    tm = tm or token_model_from_info(spec.token_info, r["thinking"])
+    synth = SynthConfig(run_ns=spec.run_ns, shared_prefix=r["shared_prefix"],
+                        context_scale=r["context_scale"], live_history=r["live_history"],
+                        max_prompt_tokens=(spec.max_model_len - 16) if spec.max_model_len
+                        else None)
+    ecfg = EngineConfig(conc=r["conc"], lanes=spec.lanes, duration_s=r["duration_s"],
+                        max_requests=spec.max_requests, warmup_s=r["warmup_s"],
+                        think_scale=r["think_scale"], max_think_s=r["max_think_s"],
+                        drain_timeout_s=r["drain_timeout_s"], max_model_len=spec.max_model_len)
+    writer = RecordWriter(spec.records_path)
+    lag = LoopLagSampler()
+    async with make_session(spec.client, len(spec.lanes)) as session:
+        sender_cls = TokenIdsSender if tm.kind == "hf" else ChatSender
+        sender = sender_cls(session, spec.client, keep_text=r["live_history"])
+        engine = Engine(Planner(traces, r["seed"], r["start_min"], r["start_max"]), synth, tm,
+                        sender, ecfg, writer.write, PrefixLRU(spec.pool_blocks))
+        if on_engine:
+            on_engine(engine)
+        lag.start()
+        try:
+            await engine.run(spec.t0_ns)
+        finally:
+            await lag.stop()
+            writer.close()
+    st = engine.stats
+    return DriveResult(spec.worker, engine.t_start_ns, engine.t_end_ns, engine.warmup_end_ns,
+                       engine.stop_reason, st.max_in_flight, st.max_sessions_active, st.started,
+                       lag.lags_ms, lag.cpu_util)
+
+
+def split_lanes(conc: int, workers: int) -> list[list[int]]:
+    """Round-robin lanes over workers (lane ids stay global, so schedules do not change)."""
+    return [list(range(w, conc, workers)) for w in range(workers)]
+
+
+def split_count(n: int | None, shares: list[int]) -> list[int | None]:
+    """Split a request budget proportionally to each worker's lanes."""
+    if n is None:
+        return [None] * len(shares)
+    total = sum(shares)
+    out = [n * s // total for s in shares]
+    for i in range(n - sum(out)):
+        out[i % len(out)] += 1
+    return out

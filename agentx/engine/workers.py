@@ -1,0 +1,163 @@
+"""Lanes across worker processes (`--workers W|auto`).
+
+One asyncio client saturates one core; beyond that its own delays leak into TTFT and ITL.
+Each worker is a separate process with its own uvloop and aiohttp session, running
+`drive()` on its share of the lanes, all starting at one shared monotonic instant
+(CLOCK_MONOTONIC is system-wide, so their timestamps are comparable). Each writes its own
+records file, merged by start time at the end. The parent forwards stop requests through an
+Event and gathers live counters through a Queue for the progress display.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing as mp
+import os
+import queue
+import signal
+from dataclasses import asdict, fields
+
+import orjson
+
+from .drive import DriveResult, DriveSpec, drive
+from .lanes import Engine, LiveStats
+
+LANES_PER_WORKER = 128  # one uvloop process keeps its loop lag low up to about this many
+STATS_EVERY_S = 0.5
+
+
+def auto_workers(conc: int, cores: int | None = None, reserve: int = 0) -> int:
+    """Enough processes that none drives more than LANES_PER_WORKER lanes, at most one per
+    core left after `reserve` (e.g. 1 for an embedded simulator in this process)."""
+    cores = cores or os.cpu_count() or 1
+    usable = max(1, cores - reserve)
+    want = -(-conc // LANES_PER_WORKER)
+    return max(1, min(usable, want, conc))
+
+
+def _worker_entry(spec: DriveSpec, stop_evt, q) -> None:
+    """Process entry point: run drive() with uvloop; report counters and the result."""
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+
+    async def main() -> DriveResult:
+        engine_box: list[Engine] = []
+
+        def on_engine(engine: Engine) -> None:
+            engine_box.append(engine)
+            loop = asyncio.get_running_loop()
+
+            def on_signal() -> None:
+                if engine.stopping:
+                    engine.cfg.drain_timeout_s = 0
+                    engine.cancel_inflight()
+                else:
+                    engine.stop("signal")
+
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.add_signal_handler(sig, on_signal)
+
+        async def watch() -> None:
+            while True:
+                await asyncio.sleep(STATS_EVERY_S)
+                if engine_box:
+                    e = engine_box[0]
+                    q.put(("stats", spec.worker, asdict(e.stats)))
+                    if stop_evt.is_set():
+                        if e.stopping:
+                            e.cfg.drain_timeout_s = 0
+                            e.cancel_inflight()
+                        else:
+                            e.stop("signal")
+
+        w = asyncio.create_task(watch())
+        try:
+            return await drive(spec, on_engine)
+        finally:
+            w.cancel()
+
+    try:
+        result = asyncio.run(main())
+        q.put(("done", spec.worker, asdict(result)))
+    except BaseException as exc:  # report, never hang the parent
+        q.put(("error", spec.worker, f"{type(exc).__name__}: {exc}"))
+
+
+class WorkerPool:
+    """Start workers, expose merged live counters, collect their results."""
+
+    def __init__(self, specs: list[DriveSpec]) -> None:
+        self.specs = specs
+        ctx = mp.get_context("spawn")
+        self.stop_evt = ctx.Event()
+        self.q = ctx.Queue()
+        self.procs = [ctx.Process(target=_worker_entry, args=(s, self.stop_evt, self.q),
+                                  name=f"agentx-worker-{s.worker}", daemon=True) for s in specs]
+        self.stats = LiveStats(lanes=sum(len(s.lanes) for s in specs))
+        self._per_worker: dict[int, dict] = {}
+        self.results: dict[int, DriveResult] = {}
+        self.errors: dict[int, str] = {}
+
+    def start(self) -> None:
+        for p in self.procs:
+            p.start()
+
+    def request_stop(self) -> None:
+        self.stop_evt.set()
+
+    def _merge_stats(self) -> None:
+        s = self.stats
+        vals = list(self._per_worker.values())
+        for f in ("sessions_active", "in_flight", "started", "done", "errors"):
+            setattr(s, f, sum(v[f] for v in vals))
+        s.max_in_flight = max(s.max_in_flight, s.in_flight)
+        s.max_sessions_active = max(s.max_sessions_active, s.sessions_active)
+        s.recent_ttft_ms = [x for v in vals for x in v["recent_ttft_ms"][-128:]]
+        s.recent_tpot_ms = [x for v in vals for x in v["recent_tpot_ms"][-128:]]
+
+    async def wait(self) -> list[DriveResult]:
+        loop = asyncio.get_running_loop()
+        pending = {s.worker for s in self.specs}
+        names = {f.name for f in fields(DriveResult)}
+        while pending:
+            try:
+                kind, w, payload = await loop.run_in_executor(None, self.q.get, True, 1.0)
+            except queue.Empty:
+                for s, p in zip(self.specs, self.procs):  # died without a word
+                    if s.worker in pending and not p.is_alive():
+                        self.errors[s.worker] = f"worker exited with code {p.exitcode}"
+                        pending.discard(s.worker)
+                continue
+            if kind == "stats":
+                self._per_worker[w] = payload
+                self._merge_stats()
+            elif kind == "done":
+                self.results[w] = DriveResult(**{k: v for k, v in payload.items() if k in names})
+                pending.discard(w)
+            else:
+                self.errors[w] = payload
+                pending.discard(w)
+        for p in self.procs:
+            await loop.run_in_executor(None, p.join, 10)
+        return [self.results[k] for k in sorted(self.results)]
+
+
+def merge_records(parts: list[str], dest: str) -> int:
+    """Merge worker record files into one, ordered by request start; remove the parts."""
+    rows = []
+    for part in parts:
+        if os.path.exists(part):
+            with open(part, "rb") as f:
+                rows.extend(line for line in f if line.strip())
+    rows.sort(key=lambda line: orjson.loads(line)["start_ns"])
+    with open(dest, "wb") as f:
+        f.writelines(rows)
+    for part in parts:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(part)
+    return len(rows)

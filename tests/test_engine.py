@@ -196,3 +196,19 @@ def test_workers_split_lanes_and_merge_records(tmp_path):
     arrived = {t["request_id"] for t in truth(tmp_path / "truth.jsonl")}
     assert arrived == {r["request_id"] for r in recs}
     assert not list((tmp_path / "out").glob("requests.w*.jsonl"))
+
+
+@pytest.mark.parametrize("thinking", ["on", "off"])
+def test_thinking_mode_reaches_the_server(tmp_path, thinking):
+    trace = write_trace(tmp_path / "tr", think=0.0, out=30)
+    s = run(_cfg(tmp_path, trace, conc=2, duration_s=None, max_requests=8, thinking=thinking))
+    recs = read_records(tmp_path / "out" / "requests.jsonl")
+    reasoning = sum(r["reasoning_tokens"] for r in recs)
+    assert (reasoning > 0) is (thinking == "on")
+    assert all(r["osl"] == r["osl_intended"] for r in recs if r["ok"])
+    # TTFC (first visible answer token) comes after TTFT when the model thinks first
+    if thinking == "on":
+        assert all(r["ttfc_ms"] >= r["ttft_ms"] for r in recs if r["ok"])
+    assert s["validation"]["verdict"] in ("pass", "fail")
+    thinking_check = [c for c in s["validation"]["checks"] if c["name"] == "thinking_mode"]
+    assert thinking_check and thinking_check[0]["ok"] is True

@@ -114,3 +114,16 @@ def test_blocks_never_contain_a_double_newline():
     f = BlockFactory(WORDS)
     for n in range(1, 130):
         assert "\n\n" not in f.span("ns", [n, n + 1], n, 64)
+
+
+def test_live_history_puts_the_live_answer_in_the_next_prompt():
+    trace = _trace()
+    conv = Conversation(trace, "i", SynthConfig("r", live_history=True), TM)
+    conv.next_turn(trace.turns[0], 0)
+    conv.answered(4, " the live answer")
+    p = conv.next_turn(trace.turns[1], 1)
+    assert p.messages[-2] == {"role": "assistant", "content": " the live answer"}
+    conv2 = Conversation(trace, "i", SynthConfig("r"), TM)
+    conv2.next_turn(trace.turns[0], 0)
+    conv2.answered(300, " ignored without --live-history")
+    assert "ignored" not in conv2.next_turn(trace.turns[1], 1).messages[-2]["content"]

@@ -121,9 +121,15 @@ def run(cfg: RunConfig) -> dict:
         from .sim.config import SimConfig
         from .sim.embedded import start_in_thread
 
-        sim_cfg = SimConfig(port=0, **cfg.sim)
+        known = {f.name for f in dataclasses.fields(SimConfig)}
+        for k in cfg.sim:
+            if k not in known:
+                raise InputError("command line", f"unknown simulator option {k!r}",
+                                 field="--sim-opt")
+        sim_cfg = SimConfig(**{**cfg.sim, "port": 0})
         if cfg.api_key:
             sim_cfg.api_key = cfg.api_key
+        sim_cfg.validate()
         sim = start_in_thread(sim_cfg)
     try:
         base = sim.base_url if sim else cfg.base_url

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["vllm_env.fixtures"]  # real-vLLM fixtures (tests/vllm_env)
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 SAMPLES = SHARED / "vllm-samples"

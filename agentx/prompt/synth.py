@@ -65,8 +65,17 @@ class Conversation:
     _live_text: str | None = None
 
     @property
-    def ns(self) -> str:
+    def own_ns(self) -> str:
+        """Namespace of what only this session instance says (its answers)."""
         return f"{self.cfg.run_ns}/{self.trace.id}/{self.instance}"
+
+    @property
+    def ns(self) -> str:
+        """Namespace of hash_id content: per session instance for traces whose ids are local
+        (Weka), run-wide for traces whose ids are global (Mooncake)."""
+        if self.trace.hash_id_scope == "global":
+            return f"{self.cfg.run_ns}/global"
+        return self.own_ns
 
     def _scale(self, n: int) -> int:
         return max(1, round(n * self.cfg.context_scale))
@@ -133,7 +142,7 @@ class Conversation:
         user_n = target - self._current_tokens() - tm.overhead["user"]
         if user_n < 1:
             user_n = 1  # the trace's growth cannot hold the history: prompt runs long (counted)
-        self._last_user_ids = list(new_ids) or [("u", index)]
+        self._last_user_ids = list(new_ids) or [("u", self.own_ns, index)]
         text = self.model.factory.span(self.ns, self._last_user_ids, user_n, bs)
         self._append("user", text, user_n)
         expected = min(target, self._scale(common * bs)) if self.prev_ids else 0
@@ -155,7 +164,8 @@ class Conversation:
     def _answer_text(self, n: int) -> str:
         if self.cfg.live_history and self._live_text is not None:
             return self._live_text
-        return self.model.factory.span(self.ns, [("a", self.turn_index)], n, self.trace.block_size)
+        return self.model.factory.span(self.own_ns, [("a", self.turn_index)], n,
+                                       self.trace.block_size)
 
     def answered(self, out_tokens: int, live_text: str | None = None) -> None:
         """Record the answer of the last turn: it joins history before the next user message."""

@@ -1,9 +1,12 @@
 """Shared fixtures: paths to ../shared (read in place, never copied)."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/ helpers: vllm_env, tracegen
 
 pytest_plugins = ["vllm_env.fixtures"]  # real-vLLM fixtures (tests/vllm_env)
 

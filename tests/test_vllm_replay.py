@@ -6,15 +6,21 @@ Slices of the real traces (../shared) are scaled with --context-scale to the tin
 """
 from __future__ import annotations
 
-import io
+import asyncio
+import http.client
 import json
 import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 
-from agentx.records import read_records
+from agentx.client.http import ClientConfig, make_session, stream_request
+from agentx.prompt.blocks import BlockFactory
+from agentx.prompt.words import WORDS
+from agentx.records import RequestRecord, read_records
 from agentx.run import RunConfig, run
 
 from conftest import REAL_TRACES
@@ -105,21 +111,76 @@ def test_cached_tokens_match_the_trace_given_the_kv_pool(client_template_run):
     assert np.median(np.abs(diffs)) <= 2 * block
 
 
-def test_client_ttft_agrees_with_server_ttft(server_template_run):
+def _raw_ttft(base_url: str, body: dict) -> tuple[float, float]:
+    """Reference: the plainest blocking client (http.client). Returns (client TTFT to the
+    first content chunk, server time_to_first_token_ms), both in ms."""
+    host, port = base_url.split("//")[1].split(":")
+    c = http.client.HTTPConnection(host, int(port), timeout=120)
+    t0 = time.perf_counter()
+    c.request("POST", "/v1/chat/completions", json.dumps(body),
+              {"Content-Type": "application/json"})
+    first = server = None
+    for line in c.getresponse():
+        if not line.startswith(b"data: {"):
+            continue
+        t = time.perf_counter()
+        ev = json.loads(line[6:])
+        if first is None and ev["choices"] and ev["choices"][0]["delta"].get("content"):
+            first = (t - t0) * 1e3
+        if ev.get("metrics"):
+            server = ev["metrics"]["time_to_first_token_ms"]
+    c.close()
+    return first, server
+
+
+async def _ours_ttft(base_url: str, body: dict, i: int) -> tuple[float, float]:
+    async with make_session(ClientConfig(base_url), 1) as s:
+        rec = RequestRecord(f"ttft-{i}", "s", 0, i, False)
+        await stream_request(s, base_url + "/v1/chat/completions", orjson.dumps(body), rec, {})
+    assert rec.ok, rec.error_detail
+    return rec.ttft_ms, rec.server_ttft_ms
+
+
+async def test_client_ttft_agrees_with_server_ttft(vllm_servers, server_template_run):
+    """Client TTFT minus vLLM's per-request time_to_first_token_ms. That gap holds the HTTP
+    round trip and the server's front end (parsing, chat template, tokenization, IPC to the
+    engine core), which vLLM's clock does not see, plus our own delay. To bound *our* share,
+    the same prompts go alternately through our client and the plainest reference client
+    (blocking http.client): the gaps must agree. Under the replay load the gap is reported."""
+    server = vllm_servers.get("plain")
+    f = BlockFactory(WORDS)
+    ours, raw = [], []
+    loop = asyncio.get_running_loop()
+    for i in range(24):
+        body = {"model": server.model, "stream": True, "max_tokens": 8, "ignore_eos": True,
+                "messages": [{"role": "user", "content": f.text("ttft", i, 1500)}],
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        if i % 2:
+            a, b = await _ours_ttft(server.base_url, body, i)
+            ours.append(a - b)
+        else:
+            a, b = await loop.run_in_executor(None, _raw_ttft, server.base_url, body)
+            raw.append(a - b)
+    ours_a, raw_a = np.array(ours), np.array(raw)
     _, s, recs = server_template_run
-    d = np.array([r["ttft_ms"] - r["server_ttft_ms"] for r in recs
-                  if r["server_ttft_ms"] is not None])
-    print(f"\nTTFT client - server: p50 {np.median(d):.2f} ms, p99 {np.percentile(d, 99):.2f} ms "
-          f"over {d.size} requests")
-    assert d.size >= 20
-    assert np.median(d) >= -1.0  # the client cannot see a token before the server makes it
-    assert np.median(d) <= 25.0 and np.percentile(d, 99) <= 150.0
+    gl = np.array([r["ttft_ms"] - r["server_ttft_ms"] for r in recs
+                   if r["server_ttft_ms"] is not None])
+    print(f"\nTTFT client - server at conc 1: agentx p50 {np.median(ours_a):.1f} / p90 "
+          f"{np.percentile(ours_a, 90):.1f} ms, reference http.client p50 "
+          f"{np.median(raw_a):.1f} / p90 {np.percentile(raw_a, 90):.1f} ms; replay conc 4: "
+          f"p50 {np.median(gl):.1f} / p99 {np.percentile(gl, 99):.1f} ms ({gl.size} requests)")
+    # nobody sees a token before the server made it
+    assert ours_a.min() >= -1.0 and raw_a.min() >= -1.0 and np.percentile(gl, 1) >= -1.0
+    # our client adds no more than 10 ms (median) / 25 ms (p90) over the reference
+    assert np.median(ours_a) - np.median(raw_a) <= 10.0
+    assert np.percentile(ours_a, 90) - np.percentile(raw_a, 90) <= 25.0
+    assert np.median(gl) <= 150.0
 
 
 @pytest.mark.parametrize("kind", ["ngram", "eagle3"])
 def test_acceptance_length_scraper_vs_client_chunks(vllm_servers, tmp_path, kind):
     server = vllm_servers.get(kind)
-    trace = write_trace(tmp_path / "tr", sessions=4, turns=6, think=0.0, out=64)
+    trace = write_trace(tmp_path / "tr", sessions=4, turns=6, think=0.0, out=128)
     s, recs = _replay(server, trace, tmp_path / "out", context_scale=1.0, conc=2,
                       duration_s=None, max_requests=16, scrape_interval_s=1.0)
     assert s["failed"] == 0
@@ -132,6 +193,15 @@ def test_acceptance_length_scraper_vs_client_chunks(vllm_servers, tmp_path, kind
           f"{accepted_client}, mean tokens/chunk {np.mean(decode_k):.3f}")
     assert sd["num_drafts"] and sd["num_drafts"] > 0
     al_client = 1 + accepted_client / sd["num_drafts"]
-    assert abs(al_client - sd["acceptance_length"]) <= 0.05
+    # The server counts tokens accepted in a request's last step that max_tokens then cuts
+    # off; the client never sees those: at most K per request. And when vLLM's front end
+    # falls behind the engine it merges two steps' outputs into one chunk (seen on this CPU
+    # build: 2-token chunks with zero accepted drafts), so allow 0.02 either way beyond that.
+    k = server.speculative_config["num_speculative_tokens"]
+    slack = k * len(recs) / sd["num_drafts"]
+    diff = al_client - sd["acceptance_length"]
+    print(f"AL client {al_client:.4f} vs scraper {sd['acceptance_length']:.4f} "
+          f"(truncation bound {slack:.4f})")
+    assert -slack - 0.02 <= diff <= 0.02
     if kind == "eagle3":  # the draft proposes at every step: AL is the mean chunk size too
         assert abs(np.mean(decode_k) - sd["acceptance_length"]) <= 0.1

@@ -1,0 +1,187 @@
+"""Hardware + model profiles: YAML data files, shipped under agentx/sim/profiles/ or user-supplied.
+
+A profile is plain data (hardware datasheet figures, model shape, engine defaults and the
+calibration constants of the roofline); `resolve()` applies the command-line overrides and
+derives the GPU KV pool exactly as vLLM sizes it:
+    pool tokens = (HBM x gpu_memory_utilization - weights/TP - non-KV reserve) / KV bytes per token per rank
+rounded down to whole blocks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from ..errors import InputError
+from .config import SimConfig
+
+GB = 1e9
+GIB = float(1 << 30)
+
+
+@dataclass
+class Hardware:
+    gpu: str
+    hbm_gib: float  # per GPU, as the driver reports it (GiB)
+    hbm_tbps: float  # per GPU HBM bandwidth, TB/s
+    peak_tflops: float  # dense tensor TFLOP/s at the weight dtype
+    nvlink_gbps: float  # per GPU NVLink bandwidth (one direction), GB/s
+    host_gbps: float  # achievable host->GPU copy bandwidth per GPU, GB/s
+    host_dram_gb: float = 1024.0  # host DRAM (for the default offload budget)
+
+
+@dataclass
+class Model:
+    name: str
+    params_b: float  # total parameters (billions)
+    active_params_b: float  # parameters used per token (MoE: shared + top-k experts)
+    layers: int
+    hidden: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    weight_bytes: float  # bytes per weight incl. quantisation scales
+    kv_bytes: float  # bytes per KV element
+    num_experts: int = 0  # routed experts per MoE layer (0 = dense)
+    top_k: int = 0
+    moe_layers: int = 0
+    draft_params_b: float = 0.0  # EAGLE3 draft head (one decoder layer + reduced-vocab head)
+    attn_window: int = 0  # sparse attention: KV tokens a query reads at most (0 = dense)
+    index_bytes_per_token: float = 0.0  # sparse attention: selector bytes scanned per context token
+
+
+@dataclass
+class Calibration:
+    mbu: float = 0.85  # fraction of HBM bandwidth the weight reads achieve
+    attn_mbu: float = 0.6  # ... the KV reads of decode attention achieve
+    mfu: float = 0.65  # fraction of peak FLOP/s prefill GEMMs achieve
+    step_overhead_ms: float = 0.8  # per step: launch, sampling, scheduler, detokenize
+    per_layer_us: float = 0.0  # per layer per step: kernel floors not covered by the roofline (MoE routing)
+    per_seq_overhead_us: float = 50.0  # per running sequence per step
+    allreduce_us: float = 8.0  # latency of one TP all-reduce (2 per layer)
+    spec_per_seq_us: float = 0.0  # extra per sequence per step under speculative decoding
+    draft_pass_overhead_us: float = 40.0  # per draft forward pass
+    non_kv_reserve_gib: float = 2.0  # activations, CUDA graphs, NCCL buffers per GPU
+    simple_cpu_load_gbps: float = 14.0  # effective CPU->GPU load rate of SimpleCPUOffload, per GPU
+    mooncake_load_gbps: float = 20.0  # effective Mooncake store get rate into the GPU, per GPU
+
+
+@dataclass
+class EngineDefaults:
+    tp: int = 1
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    offload_gb: float = 64.0  # default CPU tier size per engine when offload is on
+
+
+@dataclass
+class Profile:
+    name: str
+    description: str
+    hardware: Hardware
+    model: Model
+    engine: EngineDefaults
+    calibration: Calibration
+    sources: dict = field(default_factory=dict)
+    path: str = ""
+
+
+@dataclass
+class Resolved:
+    """A profile with the command-line overrides applied and the KV pool derived."""
+
+    profile: Profile
+    tp: int
+    block_size: int
+    gpu_memory_utilization: float
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_bytes_per_token_rank: float  # per GPU (KV heads split over TP, replicated below 1/rank)
+    kv_pool_tokens: int
+    num_gpu_blocks: int
+    kv_pool_bytes_rank: float
+    offload_blocks: int
+    offload_bytes: float
+
+
+def shipped() -> list[str]:
+    d = resources.files("agentx.sim") / "profiles"
+    return sorted(p.name[:-5] for p in d.iterdir() if p.name.endswith(".yaml"))
+
+
+def _read(name: str) -> tuple[dict, str]:
+    p = Path(name)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        if not p.exists():
+            raise InputError(name, "profile file not found", field="profile")
+        return yaml.safe_load(p.read_text()), str(p)
+    f = resources.files("agentx.sim") / "profiles" / f"{name}.yaml"
+    if not f.is_file():
+        raise InputError("serve-sim", f"unknown profile {name!r}; shipped: {', '.join(shipped())}",
+                         field="profile")
+    return yaml.safe_load(f.read_text()), str(f)
+
+
+def _section(cls, data: dict, key: str, src: str):
+    raw = data.get(key) or {}
+    if not isinstance(raw, dict):
+        raise InputError(src, "must be a mapping", field=key)
+    names = set(cls.__dataclass_fields__)
+    for k in raw:
+        if k not in names:
+            raise InputError(src, f"unknown key {k!r}", field=f"{key}.{k}")
+    try:
+        return cls(**raw)
+    except TypeError as e:
+        raise InputError(src, str(e), field=key) from None
+
+
+def load_profile(name: str) -> Profile:
+    data, src = _read(name)
+    if not isinstance(data, dict):
+        raise InputError(src, "profile must be a YAML mapping")
+    return Profile(name=str(data.get("name", Path(src).stem)), description=str(data.get("description", "")),
+                   hardware=_section(Hardware, data, "hardware", src), model=_section(Model, data, "model", src),
+                   engine=_section(EngineDefaults, data, "engine", src),
+                   calibration=_section(Calibration, data, "calibration", src),
+                   sources=data.get("sources") or {}, path=src)
+
+
+def kv_bytes_per_token_rank(m: Model, tp: int) -> float:
+    """2 (K,V) x layers x KV heads on this rank x head_dim x bytes; KV heads replicate when TP > heads."""
+    heads_rank = max(1.0, m.kv_heads / tp)
+    return 2 * m.layers * heads_rank * m.head_dim * m.kv_bytes
+
+
+def resolve(cfg: SimConfig, prof: Profile | None = None) -> Resolved:
+    prof = prof or load_profile(cfg.profile)
+    e, hw, m, cal = prof.engine, prof.hardware, prof.model, prof.calibration
+    tp = cfg.tp or e.tp
+    bs = cfg.block_size or e.block_size
+    util = cfg.gpu_memory_utilization or e.gpu_memory_utilization
+    kvb = kv_bytes_per_token_rank(m, tp)
+    if cfg.kv_pool_tokens is not None:
+        blocks = cfg.kv_pool_tokens // bs
+    else:
+        free = hw.hbm_gib * GIB * util - m.params_b * 1e9 * m.weight_bytes / tp - cal.non_kv_reserve_gib * GIB
+        if free <= 0:
+            raise InputError(prof.path, f"weights do not fit: {m.params_b}B params at TP{tp} exceed "
+                             f"{hw.hbm_gib} GiB x {util}", field="tp")
+        blocks = int(free // (kvb * bs))
+    if blocks <= 0:
+        raise InputError("serve-sim", "KV pool is smaller than one block", field="kv_pool_tokens")
+    off_blocks, off_bytes = 0, 0.0
+    if cfg.kv_offload != "none":
+        gb = cfg.offload_gb if cfg.offload_gb is not None else e.offload_gb
+        off_bytes = gb * GB
+        # the tier holds every rank's share of a block: bytes per block across the TP group
+        off_blocks = int(off_bytes // (kvb * tp * bs))
+    return Resolved(profile=prof, tp=tp, block_size=bs, gpu_memory_utilization=util,
+                    max_num_seqs=cfg.max_num_seqs or e.max_num_seqs,
+                    max_num_batched_tokens=cfg.max_num_batched_tokens or e.max_num_batched_tokens,
+                    kv_bytes_per_token_rank=kvb, kv_pool_tokens=blocks * bs, num_gpu_blocks=blocks,
+                    kv_pool_bytes_rank=blocks * bs * kvb, offload_blocks=off_blocks, offload_bytes=off_bytes)

@@ -1,0 +1,56 @@
+"""Serving the simulator: `serve()` runs a SimServer on a socket until told to stop; `run()` is
+the blocking standalone entry point of `agentx serve-sim` (SIGINT/SIGTERM stop it cleanly)."""
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+from aiohttp import web
+
+from .api import SimServer
+from .config import SimConfig
+
+__all__ = ["SimServer", "serve", "run"]
+
+
+async def serve(cfg: SimConfig, ready=None, stop_event: asyncio.Event | None = None) -> None:
+    """Run until `stop_event` is set; `ready(port, sim)` is called once the socket listens."""
+    sim = SimServer(cfg)
+    app = sim.build_app()
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=4096, reuse_address=True)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001 (port 0 -> the chosen one)
+    if ready is not None:
+        ready(port, sim)
+    stop_event = stop_event or asyncio.Event()
+    try:
+        await stop_event.wait()
+    finally:
+        await runner.cleanup()
+
+
+def run(cfg: SimConfig) -> int:
+    """Blocking standalone server (`agentx serve-sim`); SIGINT/SIGTERM stop it cleanly."""
+    from .embedded import new_event_loop
+
+    loop = new_event_loop()
+    asyncio.set_event_loop(loop)
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+
+    def ready(port: int, sim: SimServer) -> None:
+        print(sim.describe(), file=sys.stderr)
+        print(f"agentx sim: listening on http://{cfg.host}:{port}", file=sys.stderr, flush=True)
+
+    try:
+        loop.run_until_complete(serve(cfg, ready, stop))
+    finally:
+        loop.close()
+    return 0

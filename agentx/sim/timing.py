@@ -1,0 +1,144 @@
+"""Roofline price of one engine step (per GPU; the TP ranks work in parallel).
+
+    t_step = max(t_mem, t_flop) + t_tp + overhead + layers x per_layer + n_seqs x per_seq (+ drafts)
+    t_mem  = weight bytes read / (BW x mbu) + KV bytes read / (BW x attn_mbu)
+    t_flop = (2 x active params / TP x tokens + attention FLOPs) / (peak x mfu)
+    t_tp   = 2 all-reduces per layer: latency + ring volume 2 (TP-1)/TP x tokens x hidden x 2 B / NVLink
+MoE: a step whose T tokens each route to top_k of E experts reads, per MoE layer, the expected
+number of distinct experts E (1 - (1 - k/E)^T); the rest of the parameters are always read.
+Attention FLOPs: 4 x layers x q_heads/TP x head_dim x sum over query tokens of their context.
+Sparse attention (MiniMax-M3's MSA): each query reads at most `attn_window` tokens of KV, plus a
+block selector that scans `index_bytes_per_token` for every context token.
+Speculative decoding: the verify pass is the target step over (1 + K) tokens per sequence;
+the draft head then runs K sequential passes, each reading its weights and the batch's draft KV.
+Every constant and its source is documented in docs/simulator.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .profile import Resolved
+
+
+@dataclass(slots=True)
+class Batch:
+    window: int = 0  # sparse-attention budget in tokens (0 = dense attention)
+    items: list = field(default_factory=list)  # (req, start_token, n_tokens, is_decode)
+    num_tokens: int = 0
+    num_seqs: int = 0
+    num_decode: int = 0
+    kv_read_tokens: int = 0  # context tokens whose KV the attention reads
+    ctx_tokens: int = 0  # all context tokens (a sparse-attention selector scans them)
+    attn_qk: float = 0.0  # sum over query tokens of the context they attend to
+    flops: float = 0.0  # filled by StepTiming: per-GPU estimates for vllm:estimated_*_per_gpu
+    read_bytes: float = 0.0
+    write_bytes: float = 0.0
+
+    @property
+    def empty(self) -> bool:
+        return not self.items
+
+    def add_decode(self, req, start: int, n: int) -> None:
+        self.items.append((req, start, n, True))
+        self.num_tokens += n
+        self.num_seqs += 1
+        self.num_decode += 1
+        ctx = start + n
+        eff = min(ctx, self.window) if self.window else ctx
+        self.ctx_tokens += ctx
+        self.kv_read_tokens += eff
+        self.attn_qk += n * eff
+
+    def add_prefill(self, req, start: int, n: int) -> None:
+        self.items.append((req, start, n, False))
+        self.num_tokens += n
+        self.num_seqs += 1
+        ctx = start + n
+        self.ctx_tokens += ctx
+        w = self.window
+        if not w or ctx <= w:
+            self.kv_read_tokens += ctx
+            self.attn_qk += n * (start + (n + 1) / 2)
+        else:
+            self.kv_read_tokens += w
+            # query at position p (1-based) attends to min(p, w) tokens
+            ramp = max(0, w - start)  # queries still below the window
+            self.attn_qk += ramp * (start + (ramp + 1) / 2) + (n - ramp) * w
+
+
+class StepTiming:
+    def __init__(self, r: Resolved, spec_k: int = 0, offload: str = "none") -> None:
+        p, hw, m, cal = r.profile, r.profile.hardware, r.profile.model, r.profile.calibration
+        tp = r.tp
+        self.tp = tp
+        self.k = spec_k
+        bw = hw.hbm_tbps * 1e12
+        self.w_bw = bw * cal.mbu
+        self.kv_bw = bw * cal.attn_mbu
+        self.flops = hw.peak_tflops * 1e12 * cal.mfu
+        self.kv_tok = r.kv_bytes_per_token_rank
+        # weights per rank, split into always-read and routed-expert parts
+        total = m.params_b * 1e9
+        active = m.active_params_b * 1e9
+        if m.num_experts and m.moe_layers:
+            per_expert = (total - active) / ((m.num_experts - m.top_k) * m.moe_layers)
+            self.expert_bytes_layer = per_expert * m.weight_bytes / tp  # one expert of one layer
+            self.base_bytes = (total - per_expert * m.num_experts * m.moe_layers) * m.weight_bytes / tp
+        else:
+            per_expert = 0.0
+            self.expert_bytes_layer = 0.0
+            self.base_bytes = total * m.weight_bytes / tp
+        self.E, self.topk, self.moe_layers = m.num_experts, m.top_k, m.moe_layers
+        self.flop_tok = 2 * active / tp
+        self.attn_flop = 4 * m.layers * (m.q_heads / tp) * m.head_dim
+        self.overhead = cal.step_overhead_ms / 1e3
+        self.layer_overhead = m.layers * cal.per_layer_us / 1e6
+        self.per_seq = cal.per_seq_overhead_us / 1e6
+        self.spec_per_seq = cal.spec_per_seq_us / 1e6 if spec_k else 0.0
+        # tensor-parallel all-reduce: 2 per layer
+        if tp > 1:
+            self.ar_lat = 2 * m.layers * cal.allreduce_us / 1e6
+            self.ar_tok = 2 * m.layers * 2 * (tp - 1) / tp * m.hidden * 2 / (hw.nvlink_gbps * 1e9)
+        else:
+            self.ar_lat = self.ar_tok = 0.0
+        # EAGLE3 draft head: one decoder layer (KV like one target layer) + small head, TP-sharded
+        self.draft_bytes = m.draft_params_b * 1e9 * m.weight_bytes / tp
+        self.draft_kv_tok = self.kv_tok / m.layers
+        self.draft_pass = cal.draft_pass_overhead_us / 1e6
+        # host->GPU loads of offloaded KV: the connector's effective rate, capped by the PCIe link
+        rate = {"simple-cpu": cal.simple_cpu_load_gbps, "mooncake": cal.mooncake_load_gbps}.get(offload,
+                                                                                                  hw.host_gbps)
+        self.host_bw = min(rate, hw.host_gbps) * 1e9
+        self.window = m.attn_window
+        self.index_tok = m.index_bytes_per_token / tp if m.attn_window else 0.0
+        self.layers = m.layers
+
+    def new_batch(self) -> Batch:
+        return Batch(window=self.window)
+
+    def weight_bytes(self, tokens: int) -> float:
+        """Weight bytes one rank reads in a step of `tokens` tokens."""
+        if not self.E:
+            return self.base_bytes
+        touched = self.E * (1.0 - (1.0 - self.topk / self.E) ** tokens)
+        return self.base_bytes + touched * self.moe_layers * self.expert_bytes_layer
+
+    def step_seconds(self, b: Batch) -> float:
+        w = self.weight_bytes(b.num_tokens)
+        kv = b.kv_read_tokens * self.kv_tok + b.ctx_tokens * self.index_tok
+        fl = self.flop_tok * b.num_tokens + self.attn_flop * b.attn_qk
+        b.flops, b.read_bytes, b.write_bytes = fl, w + kv, b.num_tokens * self.kv_tok
+        t_mem = w / self.w_bw + kv / self.kv_bw
+        t_flop = fl / self.flops
+        t = max(t_mem, t_flop) + self.overhead + self.layer_overhead + b.num_seqs * self.per_seq
+        t += self.ar_lat + self.ar_tok * b.num_tokens
+        if self.k and b.num_decode:
+            t += b.num_decode * self.spec_per_seq
+            draft_kv = b.kv_read_tokens * self.draft_kv_tok / self.kv_bw
+            t += self.k * (self.draft_bytes / self.w_bw + draft_kv + self.draft_pass)
+        return t
+
+    def load_seconds(self, tokens: int) -> float:
+        """Host->GPU copy of `tokens` tokens of KV: each rank loads its share in parallel; the
+        engine serialises loads on the link (one copy stream per GPU)."""
+        return tokens * self.kv_tok / self.host_bw

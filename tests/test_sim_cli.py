@@ -1,0 +1,80 @@
+"""`serve-sim` standalone: options parse into SimConfig, bad input is one line + exit 2, the server
+listens on loopback and stops cleanly on SIGTERM."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from agentx.sim.cli import add_parser, config_from_args
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def parse(*argv: str):
+    p = argparse.ArgumentParser()
+    add_parser(p.add_subparsers())
+    return config_from_args(p.parse_args(["serve-sim", *argv]))
+
+
+def test_options_map_to_config():
+    cfg = parse("--profile", "cpu-tiny", "--tp", "2", "--kv-pool-tokens", "65536", "--block-size", "32",
+                "--max-num-seqs", "64", "--max-num-batched-tokens", "4096", "--spec-k", "4",
+                "--synthetic-rates", "0.9,0.7,0.5,0.2", "--kv-offload", "mooncake", "--offload-gb", "12",
+                "--time-scale", "10", "--fail-rate", "0.1", "--fail-kinds", "429,reset,stall",
+                "--truth-log", "/dev/null", "--default-thinking", "off", "--gpu-memory-utilization", "0.8")
+    assert (cfg.profile, cfg.tp, cfg.kv_pool_tokens, cfg.block_size) == ("cpu-tiny", 2, 65536, 32)
+    assert (cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.spec_k) == (64, 4096, 4)
+    assert cfg.synthetic_rates == [0.9, 0.7, 0.5, 0.2] and cfg.synthetic_al is None
+    assert (cfg.kv_offload, cfg.offload_gb, cfg.time_scale) == ("mooncake", 12.0, 10.0)
+    assert cfg.fail_kinds == ("429", "reset", "stall") and cfg.fail_rate == 0.1
+    assert cfg.default_thinking is False and cfg.gpu_memory_utilization == 0.8
+    assert parse().host == "127.0.0.1" and parse().profile == "h200-minimaxm3-fp8"
+
+
+def run_module(*argv: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-m", "agentx.sim", *argv], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_bad_input_is_one_line_and_exit_2():
+    for argv, field in ((["--profile", "nope"], "profile"), (["--spec-k", "3", "--synthetic-al", "5"], "synthetic_al"),
+                        (["--fail-kinds", "429,boom"], "fail_kinds"), (["--spec-k", "2", "--synthetic-rates", "0.2,0.5"],
+                                                                      "synthetic_rates")):
+        p = run_module(*argv)
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 2, (argv, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:") and field in lines[0], err
+
+
+def test_standalone_serves_and_stops_on_sigterm():
+    p = run_module("--port", "0", "--profile", "cpu-tiny", "--time-scale", "50")
+    try:
+        port = None
+        for _ in range(20):
+            line = p.stderr.readline()
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+            if m:
+                port = int(m.group(1))
+                break
+        assert port is not None
+        base = f"http://127.0.0.1:{port}"
+        assert urllib.request.urlopen(base + "/health", timeout=5).status == 200
+        req = urllib.request.Request(base + "/v1/chat/completions", method="POST",
+                                     data=json.dumps({"messages": [{"role": "user", "content": "hi"}],
+                                                      "max_tokens": 3, "ignore_eos": True}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        body = json.load(urllib.request.urlopen(req, timeout=10))
+        assert body["usage"]["completion_tokens"] == 3
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=10)
+    assert p.returncode == 0

@@ -1,0 +1,1 @@
+"""Real-vLLM (CPU build) test environment: venv, tiny model assets, server, fixtures."""

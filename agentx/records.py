@@ -9,7 +9,7 @@ before parsing.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import IO
 
 import orjson
@@ -56,7 +56,8 @@ class RequestRecord:
     finish_reason: str | None = None
 
     def to_json(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        # orjson serialises dataclasses natively: same bytes as asdict(), ~30x cheaper
+        return orjson.dumps(self)
 
 
 class RecordWriter:

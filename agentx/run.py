@@ -26,7 +26,7 @@ from . import __version__
 from .client.http import ClientConfig, first_model, make_session
 from .engine.drive import DriveResult, DriveSpec, drive, split_count, split_lanes
 from .engine.lanes import Engine
-from .engine.workers import WorkerPool, auto_workers, merge_records
+from .engine.workers import WorkerPool, auto_workers, merge_records, usable_cores
 from .errors import InputError
 from .metrics.server_metrics import kv_pool
 from .metrics.summary import dist, summarize
@@ -78,6 +78,7 @@ class RunConfig:
     # embedded simulator options (SimConfig field -> value), used when base_url is None
     sim: dict = field(default_factory=dict)
     workers: str = "1"  # number of client processes, or "auto"
+    ray: str | None = None  # Ray address: worker processes become actors across hosts
 
     def check(self) -> None:
         def bad(name: str, msg: str) -> None:
@@ -175,27 +176,28 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) ->
     block_tokens = traces.block_size * cfg.context_scale
     pool_blocks = int(pool_tokens / block_tokens) if pool_tokens else None
     n_workers = resolve_workers(cfg, embedded)
+    pooled = n_workers > 1 or bool(cfg.ray)  # records per worker, merged at the end
     lanes = split_lanes(cfg.conc, n_workers)
     budgets = split_count(cfg.max_requests, [len(x) for x in lanes])
     requests_path = out / "requests.jsonl"
     specs = [DriveSpec(run=dataclasses.asdict(cfg), client=ccfg, lanes=lanes[w],
                        max_requests=budgets[w],
-                       records_path=str(requests_path if n_workers == 1
-                                        else out / f"requests.w{w}.jsonl"),
+                       records_path=str(out / f"requests.w{w}.jsonl" if pooled
+                                        else requests_path),
                        token_info=token_info, run_ns=run_ns, max_model_len=max_model_len,
                        pool_blocks=(pool_blocks * len(lanes[w]) // cfg.conc) if pool_blocks
                        else None, worker=w)
              for w in range(n_workers)]
     t_wall0 = time.time()
     try:
-        if n_workers == 1:
+        if not pooled:
             results = [await _drive_here(cfg, specs[0], tm)]
         else:
             results = await _drive_workers(cfg, specs)
     finally:
         if scraper:
             await scraper.stop()
-        if n_workers > 1:
+        if pooled:
             merge_records([s.records_path for s in specs], str(requests_path))
     records = read_records(requests_path)
     summary = _summary(cfg, results, n_workers, records, scraper, token_info, ccfg,
@@ -211,9 +213,16 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) ->
 
 def resolve_workers(cfg: RunConfig, embedded: bool) -> int:
     if str(cfg.workers) == "auto":
-        n = auto_workers(cfg.conc, reserve=1 if embedded else 0)
+        if cfg.ray:
+            from .engine.ray_backend import cluster_cpus, connect
+
+            cores, where = cluster_cpus(connect(cfg.ray)), "CPUs in the Ray cluster"
+            n = auto_workers(cfg.conc, cores=cores)
+        else:
+            cores, where = usable_cores(), "usable cores"
+            n = auto_workers(cfg.conc, cores=cores, reserve=1 if embedded else 0)
         print(f"agentx: --workers auto -> {n} process(es) for {cfg.conc} lanes "
-              f"({os.cpu_count()} cores{', 1 kept for the embedded simulator' if embedded else ''})",
+              f"({cores} {where}{', 1 kept for the embedded simulator' if embedded else ''})",
               file=sys.stderr)
         return n
     try:
@@ -246,7 +255,12 @@ async def _drive_here(cfg: RunConfig, spec: DriveSpec, tm: TokenModel) -> DriveR
 
 
 async def _drive_workers(cfg: RunConfig, specs: list[DriveSpec]) -> list[DriveResult]:
-    pool = WorkerPool(specs)
+    if cfg.ray:
+        from .engine.ray_backend import RayPool
+
+        pool: Any = RayPool(cfg.ray, specs)
+    else:
+        pool = WorkerPool(specs)
     loop = asyncio.get_running_loop()
     done = asyncio.Event()
     # workers get SIGINT from the terminal themselves; the parent forwards it regardless
@@ -347,9 +361,13 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
     cpu = [x.cpu_util for x in results if x.cpu_util is not None]
     s["client"].update({
         "workers": n_workers,
+        "backend": "ray" if cfg.ray else "local",
+        "hosts": sorted({x.host for x in results if x.host}),
         "loop_lag_ms": dist([v for x in results for v in x.loop_lag_ms]),
         "cpu_util": max(cpu) if cpu else None,  # busiest process (1.0 = a saturated core)
         "cpu_util_per_worker": cpu,
+        # ms per s the loop was ready but another process had its core (delays timestamps)
+        "runqueue_wait_ms_per_s": max((x.runqueue_wait_ms_per_s or 0.0) for x in results),
         "max_in_flight": max_overlap([(r["start_ns"], r["end_ns"]) for r in records]),
         "max_sessions_active": sum(x.max_sessions_active for x in results),
     })
@@ -385,8 +403,11 @@ def _validate(cfg: RunConfig, s: dict) -> dict:
     lag_p99 = (s["client"]["loop_lag_ms"] or {}).get("p99")
     extra = []
     if lag_p99 is not None and lag_p99 > threshold:
+        wait = s["client"].get("runqueue_wait_ms_per_s") or 0.0
         extra.append(f"client-bound: event-loop lag p99 {lag_p99:.2f} ms > {threshold:.2f} ms; "
-                     "timings include client delay (use --workers or fewer lanes)")
+                     "timings include client delay (use --workers or fewer lanes"
+                     + (f"; the loop waited {wait:.0f} ms/s for its core: other load shares "
+                        "the client's cores" if wait >= 5 else "") + ")")
     exp = Expectations(synthetic_al=cfg.expect_al, al_tolerance=cfg.al_tolerance,
                        offload_expected=cfg.expect_offload,
                        theoretical_hit_rate=(s["cache"]["theoretical_hit_rate_pool"]

@@ -33,6 +33,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds in-flight requests may finish after the stop (then cancelled)")
     g.add_argument("--workers", default="1",
                    help="client processes the lanes are split over, or 'auto' (default 1)")
+    g.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="place the worker processes as Ray actors across hosts: a cluster "
+                        "address (auto, HOST:6379, ray://HOST:10001) or 'local' "
+                        "(pip install 'agentx[ray]'; see docs/scale-out.md)")
     g = p.add_argument_group("target")
     g.add_argument("--base-url", default=None,
                    help="OpenAI-compatible server; omitted: start the embedded simulator")
@@ -65,6 +69,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--al-tolerance", type=float, default=0.05)
     g.add_argument("--expect-offload", action="store_true",
                    help="an offload connector is configured: offload hits must appear")
+    g.add_argument("--loop-lag-threshold", type=float, default=None, metavar="MS",
+                   help="flag the run client-bound when event-loop lag p99 exceeds this "
+                        "(default: max(2 ms, 10%% of the chunk ITL p50))")
     g = p.add_argument_group("embedded simulator (no --base-url)")
     g.add_argument("--sim-profile", default=None, help="simulator profile (default h200-minimaxm3-fp8)")
     g.add_argument("--sim-time-scale", type=float, default=None)
@@ -117,7 +124,8 @@ def config_from_args(args: argparse.Namespace):
         no_cache_salt=args.no_cache_salt, output_dir=args.output_dir, gpus=args.gpus,
         progress=not args.no_progress, scrape_interval_s=args.scrape_interval,
         validate=args.validate, expect_al=args.expect_al, al_tolerance=args.al_tolerance,
-        expect_offload=args.expect_offload, sim=_parse_sim(args), workers=args.workers)
+        expect_offload=args.expect_offload, sim=_parse_sim(args), workers=args.workers,
+        ray=args.ray, loop_lag_threshold_ms=args.loop_lag_threshold)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -1,12 +1,22 @@
-"""Incremental Server-Sent-Events splitter for OpenAI-style streams.
+"""Incremental Server-Sent-Events decoding of OpenAI-style streams into a RequestRecord.
 
-Bytes are fed as they arrive (the caller timestamps each read before calling `feed`); each
-complete `data:` event comes back as its raw payload bytes, so JSON parsing happens once per
-event and never on partial data. Comments and other SSE fields are skipped.
+Bytes are fed with the timestamp the transport took when they arrived (before any parsing);
+each complete `data:` event is decoded once, never on partial data, and every event completed
+by one read gets that read's timestamp. `StreamDecoder` does the per-event accounting
+(definitions in docs/metrics.md): a chunk's token count is the increase of
+`usage.completion_tokens` when the server streams continuous usage (several tokens per chunk
+under speculative decoding), else 1 per chunk that carries text; `delta.reasoning` /
+`delta.reasoning_content` count as tokens. `SSESplitter` is the bare splitter.
 """
 from __future__ import annotations
 
+import orjson
+
+from ..records import RequestRecord
+
 DONE = b"[DONE]"
+_loads = orjson.loads
+_JSONError = orjson.JSONDecodeError
 
 
 class SSESplitter:
@@ -47,3 +57,174 @@ def _data_of(event: bytes) -> bytes | None:
     if not lines:
         return None  # comment / keep-alive / other field
     return b"\n".join(ln[5:].lstrip() if not ln.startswith(b"data: ") else ln[6:] for ln in lines)
+
+
+class StreamDecoder:
+    """One response stream -> `rec` fields (chunk offsets and tokens, first token, usage...).
+
+    `t0` is the request's start (monotonic ns); `feed(data, t)` takes body bytes and their
+    arrival time. vLLM's plain token chunks are recognised by byte search (no JSON parse,
+    the payload slice is the only allocation); every other event is parsed once."""
+
+    __slots__ = ("rec", "t0", "seen_done", "text_parts", "_buf", "_prev_usage", "_offsets",
+                 "_tokens", "_usage")
+
+    def __init__(self, rec: RequestRecord, keep_text: bool = False) -> None:
+        self.rec = rec
+        self.t0 = 0
+        self.seen_done = False
+        self.text_parts: list[str] | None = [] if keep_text else None
+        self._buf = b""
+        self._prev_usage = 0
+        self._usage: dict | None = None
+        self._offsets = rec.chunk_offsets_ns
+        self._tokens = rec.chunk_tokens
+
+    def feed(self, data: bytes, t: int) -> None:
+        buf = self._buf + data if self._buf else data
+        if b"\r" in buf:
+            if buf[-1:] == b"\r":  # a CRLF may be split across reads: wait for its LF
+                self._buf = buf
+                return
+            buf = buf.replace(b"\r\n", b"\n")
+        pos = 0
+        find = buf.find
+        while True:
+            end = find(b"\n\n", pos)
+            if end < 0:
+                break
+            if buf.startswith(b"data: ", pos) and find(b"\n", pos, end) < 0:
+                self._event(buf[pos + 6:end], t)  # the common one-line event
+            else:
+                payload = _data_of(buf[pos:end])
+                if payload is not None:
+                    self._event(payload, t)
+            pos = end + 2
+        self._buf = buf[pos:] if pos else buf
+
+    def _event(self, payload: bytes, t: int) -> None:
+        if payload == DONE:
+            self.seen_done = True
+            return
+        if self.text_parts is None:
+            k = _fast_content_tokens(payload)
+            if k >= 0:  # a plain content chunk: no JSON parse needed
+                rec = self.rec
+                n = k - self._prev_usage
+                self._prev_usage = k
+                if not rec.first_token_ns:
+                    rec.first_token_ns = t
+                if not rec.first_content_ns:
+                    rec.first_content_ns = t
+                self._offsets.append(t - self.t0)
+                self._tokens.append(n)
+                return
+        try:
+            ev = _loads(payload)
+        except _JSONError:
+            ev = None
+        rec = self.rec
+        if type(ev) is not dict:
+            rec.error = "malformed"
+            rec.error_detail = payload[:200].decode("utf-8", "replace")
+            return
+        choices = ev.get("choices")
+        usage = ev.get("usage")
+        if not choices:
+            if "error" in ev:
+                rec.error = "stream_error"
+                rec.error_detail = str(ev["error"])[:300]
+                return
+            if usage:  # the final usage-only chunk (cached tokens, per-request metrics)
+                self.finish()
+                take_usage(rec, usage)
+                m = ev.get("metrics")
+                if m:
+                    rec.server_ttft_ms = m.get("time_to_first_token_ms")
+                    rec.server_queue_ms = m.get("queue_time_ms")
+            return
+        ch = choices[0]
+        delta = ch.get("delta")
+        if delta is not None:
+            content = delta.get("content")
+            reasoning = (None if content is not None and len(delta) == 1 else
+                         delta.get("reasoning") or delta.get("reasoning_content"))
+        else:  # /v1/completions
+            content, reasoning = ch.get("text"), None
+        ct = usage.get("completion_tokens") if usage else None
+        if ct is not None:
+            k = ct - self._prev_usage
+            self._prev_usage = ct
+            self._usage = usage  # applied once, at the end: only the last one counts
+        else:
+            k = 1 if content or reasoning else 0
+        if k > 0 or content or reasoning:
+            if not rec.first_token_ns:
+                rec.first_token_ns = t
+            if reasoning:
+                rec.reasoning_tokens += k
+            elif content and not rec.first_content_ns:
+                rec.first_content_ns = t
+            self._offsets.append(t - self.t0)
+            self._tokens.append(k)
+            if content and self.text_parts is not None:
+                self.text_parts.append(content)
+        fr = ch.get("finish_reason")
+        if fr:
+            rec.finish_reason = fr
+
+    def finish(self) -> None:
+        """Apply the last per-chunk usage (prompt and completion tokens so far)."""
+        if self._usage is not None:
+            take_usage(self.rec, self._usage)
+            self._usage = None
+
+    @property
+    def text(self) -> str | None:
+        return "".join(self.text_parts) if self.text_parts is not None else None
+
+
+_FAST_HEAD = b'"choices":[{"index":0,"delta":{"content":"'
+_FAST_TAIL = b'"},"logprobs":null,"finish_reason":null'
+_FAST_CT = b'"completion_tokens":'
+_HEAD_LEN, _CT_LEN = len(_FAST_HEAD), len(_FAST_CT)
+
+
+def _fast_content_tokens(p: bytes) -> int:
+    """The cumulative completion_tokens of a chunk whose only choice delta is non-empty
+    `content` with no finish_reason and continuous usage (vLLM's token chunk), found by
+    byte search; -1 for anything else, which then takes the JSON path. Inside a JSON string
+    every quote is escaped, so the tail pattern can only match where the content ends."""
+    i = p.find(_FAST_HEAD)
+    if i < 0:
+        return -1
+    a = i + _HEAD_LEN
+    if p[a:a + 1] == b'"':  # empty content (vLLM's role chunk): the JSON path decides
+        return -1
+    j = p.find(_FAST_TAIL, a)
+    if j < 0:
+        return -1
+    b = j
+    while p[b - 1] == 92:  # backslashes before the quote: an odd count escapes it
+        b -= 1
+    if (j - b) & 1:
+        return -1
+    c = p.find(_FAST_CT, j)
+    if c < 0:
+        return -1
+    c += _CT_LEN
+    e = c
+    n = len(p)
+    while e < n and 48 <= p[e] <= 57:
+        e += 1
+    return int(p[c:e]) if e > c else -1
+
+
+def take_usage(rec: RequestRecord, usage: dict) -> None:
+    if usage.get("prompt_tokens") is not None:
+        rec.isl = usage["prompt_tokens"]
+    if usage.get("completion_tokens") is not None:
+        rec.osl = usage["completion_tokens"]
+    details = usage.get("prompt_tokens_details")
+    if details and details.get("cached_tokens") is not None:
+        rec.cached_tokens = details["cached_tokens"]

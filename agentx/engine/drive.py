@@ -7,6 +7,8 @@ processes has the same semantics as one process.
 """
 from __future__ import annotations
 
+import gc
+import socket
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -54,6 +56,25 @@ class DriveResult:
     started: int
     loop_lag_ms: list[float] = field(default_factory=list)
     cpu_util: float | None = None
+    host: str = ""
+    runqueue_wait_ms_per_s: float | None = None  # ready but another process had the core
+
+
+def large_allocations_to_os(threshold: int = 256 * 1024) -> bool:
+    """Make glibc serve allocations >= threshold with mmap and return them on free.
+
+    A lane's request body is ~1 MB at 150k tokens. glibc's default raises its mmap threshold
+    after the first such free, so later ones come from the heap, whose freed holes keep RSS
+    at its high-water mark (bench/client_rss.py, 128 lanes: 467 MB peak without, 358 MB
+    with). A fixed threshold turns that off. No-op where glibc's mallopt is absent."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        m_mmap_threshold = -3
+        return bool(libc.mallopt(m_mmap_threshold, threshold))
+    except (OSError, AttributeError):
+        return False
 
 
 def token_model_from_info(info: dict, thinking: str | None) -> TokenModel:
@@ -72,6 +93,7 @@ def token_model_from_info(info: dict, thinking: str | None) -> TokenModel:
 async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = None,
                 tm: TokenModel | None = None) -> DriveResult:
     r = spec.run
+    large_allocations_to_os()
     traces = load_traces(r["trace"])
     tm = tm or token_model_from_info(spec.token_info, r["thinking"])
     synth = SynthConfig(run_ns=spec.run_ns, shared_prefix=r["shared_prefix"],
@@ -91,16 +113,21 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
                         sender, ecfg, writer.write, PrefixLRU(spec.pool_blocks))
         if on_engine:
             on_engine(engine)
+        tm.factory.prepare()  # the block tape (~0.2 s) now, not in the first request
+        # A full collection walks every tracked object: with the real traces loaded that is
+        # ~1 s during which no timestamp is taken. Frozen objects are never walked.
+        gc.freeze()
         lag.start()
         try:
             await engine.run(spec.t0_ns)
         finally:
             await lag.stop()
             writer.close()
+            gc.unfreeze()
     st = engine.stats
     return DriveResult(spec.worker, engine.t_start_ns, engine.t_end_ns, engine.warmup_end_ns,
                        engine.stop_reason, st.max_in_flight, st.max_sessions_active, st.started,
-                       lag.lags_ms, lag.cpu_util)
+                       lag.lags_ms, lag.cpu_util, socket.gethostname(), lag.runqueue_wait_ms_per_s)
 
 
 def split_lanes(conc: int, workers: int) -> list[list[int]]:

@@ -26,13 +26,31 @@ LANES_PER_WORKER = 128  # one uvloop process keeps its loop lag low up to about 
 STATS_EVERY_S = 0.5
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity, e.g. under taskset), not the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def auto_workers(conc: int, cores: int | None = None, reserve: int = 0) -> int:
     """Enough processes that none drives more than LANES_PER_WORKER lanes, at most one per
     core left after `reserve` (e.g. 1 for an embedded simulator in this process)."""
-    cores = cores or os.cpu_count() or 1
+    cores = cores or usable_cores()
     usable = max(1, cores - reserve)
     want = -(-conc // LANES_PER_WORKER)
     return max(1, min(usable, want, conc))
+
+
+def merge_live(s: LiveStats, vals: list[dict]) -> None:
+    """Fold the workers' latest counters (asdict(LiveStats) each) into `s`."""
+    for f in ("sessions_active", "in_flight", "started", "done", "errors"):
+        setattr(s, f, sum(v[f] for v in vals))
+    s.max_in_flight = max(s.max_in_flight, s.in_flight)
+    s.max_sessions_active = max(s.max_sessions_active, s.sessions_active)
+    s.recent_ttft_ms = [x for v in vals for x in v["recent_ttft_ms"][-128:]]
+    s.recent_tpot_ms = [x for v in vals for x in v["recent_tpot_ms"][-128:]]
 
 
 def _worker_entry(spec: DriveSpec, stop_evt, q) -> None:
@@ -111,14 +129,7 @@ class WorkerPool:
         self.stop_evt.set()
 
     def _merge_stats(self) -> None:
-        s = self.stats
-        vals = list(self._per_worker.values())
-        for f in ("sessions_active", "in_flight", "started", "done", "errors"):
-            setattr(s, f, sum(v[f] for v in vals))
-        s.max_in_flight = max(s.max_in_flight, s.in_flight)
-        s.max_sessions_active = max(s.max_sessions_active, s.sessions_active)
-        s.recent_ttft_ms = [x for v in vals for x in v["recent_ttft_ms"][-128:]]
-        s.recent_tpot_ms = [x for v in vals for x in v["recent_tpot_ms"][-128:]]
+        merge_live(self.stats, list(self._per_worker.values()))
 
     async def wait(self) -> list[DriveResult]:
         loop = asyncio.get_running_loop()

@@ -1,0 +1,277 @@
+"""Lanes across hosts: the same worker processes as `--workers`, placed by Ray (`--ray ADDR`).
+
+Optional (`pip install agentx[ray]`, on every node). Each worker is a Ray actor that runs
+`drive()` (uvloop, its own HTTP client) on its share of the lanes, exactly like a local worker
+process; the driver gathers the records. What differs from local workers is what a host does
+not share:
+- files: the trace (and an HF tokenizer directory) are shipped as bytes and unpacked into a
+  temp dir on the actor's host;
+- the monotonic clock: each actor reports its (wall − monotonic) offset; the shared start
+  instant goes out in each actor's own monotonic base, and records of actors on other hosts
+  are shifted into the driver's base (wall clocks must be NTP-synced; durations inside a
+  record never cross hosts, so TTFT/ITL/TPOT are exact whatever the sync).
+Actors on the driver's host share its clock and are not shifted. See docs/scale-out.md.
+"""
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import socket
+import tarfile
+import tempfile
+import time
+from dataclasses import asdict, fields, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .drive import DriveResult, DriveSpec, drive
+from .lanes import LiveStats
+from .workers import merge_live
+
+STATS_EVERY_S = 0.5
+# monotonic-ns fields of a record that are instants (offsets inside a record are relative)
+INSTANT_FIELDS = ("intended_send_ns", "start_ns", "first_token_ns", "first_content_ns", "end_ns")
+
+
+def require_ray():
+    try:
+        import ray
+    except ImportError:
+        from ..errors import InputError
+
+        raise InputError("command line", "Ray is not installed: pip install 'agentx[ray]'",
+                         field="--ray") from None
+    return ray
+
+
+def connect(address: str) -> Any:
+    """`local`: start a private single-node Ray; anything else goes to ray.init(address=...)
+    (`auto`, `HOST:6379`, `ray://HOST:10001`)."""
+    ray = require_ray()
+    if not ray.is_initialized():
+        kw: dict = {"include_dashboard": False, "log_to_driver": False,
+                    "ignore_reinit_error": True}
+        if address == "local":
+            ray.init(**kw)
+        else:
+            ray.init(address=address, **kw)
+    return ray
+
+
+def cluster_cpus(ray: Any) -> int:
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+# ---------------------------------------------------------------- shipping files
+def pack(path: str) -> tuple[str, bytes]:
+    """A file as (name, bytes); a directory as an uncompressed tar of it."""
+    p = Path(path)
+    if p.is_dir():
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            tf.add(str(p), arcname=p.name)
+        return p.name + ".dir.tar", buf.getvalue()
+    return p.name, p.read_bytes()
+
+
+def unpack(name: str, data: bytes, dest: str) -> str:
+    """Inverse of pack(): the local path of the file or directory."""
+    if name.endswith(".dir.tar"):
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tf:
+            try:
+                tf.extractall(dest, filter="data")  # no paths outside dest, no devices
+            except TypeError:  # Python without extraction filters: our own tar, from pack()
+                tf.extractall(dest)
+        return os.path.join(dest, name[: -len(".dir.tar")])
+    out = os.path.join(dest, name)
+    with open(out, "wb") as f:
+        f.write(data)
+    return out
+
+
+def clock() -> dict:
+    return {"host": socket.gethostname(), "offset_ns": time.time_ns() - time.perf_counter_ns()}
+
+
+def shift_record_line(line: bytes, delta_ns: int) -> bytes:
+    """Move a record's monotonic instants into another host's monotonic base."""
+    r = orjson.loads(line)
+    for k in INSTANT_FIELDS:
+        if r.get(k):
+            r[k] += delta_ns
+    return orjson.dumps(r) + b"\n"
+
+
+# ---------------------------------------------------------------- the actor
+class LaneWorker:
+    """Body of the Ray actor (wrapped by ray.remote in `actor_class`): one drive() per call,
+    with stats() and stop() callable from the driver while it runs (threaded actor)."""
+
+    def __init__(self) -> None:
+        self._engine = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_requested = 0
+
+    def clock(self) -> dict:
+        return clock()
+
+    def run(self, spec: DriveSpec, files: dict[str, tuple[str, bytes]]) -> tuple[dict, bytes]:
+        with tempfile.TemporaryDirectory(prefix="agentx-ray-") as tmp:
+            run = dict(spec.run)
+            info = dict(spec.token_info)
+            if "trace" in files:
+                run["trace"] = unpack(*files["trace"], tmp)
+            if "tokenizer" in files:
+                info["tokenizer"] = unpack(*files["tokenizer"], tmp)
+            local = replace(spec, run=run, token_info=info,
+                            records_path=os.path.join(tmp, "requests.jsonl"))
+            result = self._run_loop(local)
+            with open(local.records_path, "rb") as f:
+                return asdict(result), f.read()
+
+    def _run_loop(self, spec: DriveSpec) -> DriveResult:
+        try:
+            import uvloop
+
+            loop = uvloop.new_event_loop()
+        except ImportError:
+            loop = asyncio.new_event_loop()
+        self._loop = loop
+
+        def on_engine(engine) -> None:
+            self._engine = engine
+            if self._stop_requested:
+                engine.stop("signal")
+
+        try:
+            return loop.run_until_complete(drive(spec, on_engine))
+        finally:
+            self._loop = None
+            loop.close()
+
+    def stats(self) -> dict | None:
+        e = self._engine
+        return asdict(e.stats) if e is not None else None
+
+    def stop(self, force: bool = False) -> None:
+        """First call: no new requests (drain); with force: cancel in-flight ones too."""
+        self._stop_requested += 1
+        e, loop = self._engine, self._loop
+        if e is None or loop is None:
+            return
+
+        def act() -> None:
+            if force or e.stopping:
+                e.cfg.drain_timeout_s = 0
+                e.cancel_inflight()
+            e.stop("signal")
+
+        try:
+            loop.call_soon_threadsafe(act)
+        except RuntimeError:  # loop already closed: the run is over
+            pass
+
+
+def actor_class(ray: Any):
+    return ray.remote(num_cpus=1, max_concurrency=4)(LaneWorker)
+
+
+# ---------------------------------------------------------------- the driver
+class RayPool:
+    """Ray counterpart of workers.WorkerPool (same interface: start, request_stop, wait,
+    stats, errors): actors instead of local processes, records gathered by the driver."""
+
+    def __init__(self, address: str, specs: list[DriveSpec]) -> None:
+        self.ray = connect(address)
+        self.specs = specs
+        self.stats = LiveStats(lanes=sum(len(s.lanes) for s in specs))
+        self.errors: dict[int, str] = {}
+        self.hosts: dict[int, str] = {}
+        self.actors: list = []
+        self._refs: list = []
+        self._deltas: list[int] = []
+        self._per_worker: dict[int, dict] = {}
+
+    def start(self) -> None:
+        """Place the actors (SPREAD over nodes), wait until each answers, then start them all
+        at the specs' shared instant (pushed back if placement took longer than planned)."""
+        ray = self.ray
+        s0 = self.specs[0]
+        files = files_to_ship(s0.run, s0.token_info)
+        cls = actor_class(ray)
+        self.actors = [cls.options(scheduling_strategy="SPREAD").remote() for _ in self.specs]
+        clocks = ray.get([a.clock.remote() for a in self.actors])
+        me = clock()
+        t0 = max(s0.t0_ns or 0, time.perf_counter_ns() + int(0.5e9))
+        t0_wall = t0 + me["offset_ns"]
+        files_ref = ray.put(files)
+        for s, a, c in zip(self.specs, self.actors, clocks):
+            self.hosts[s.worker] = c["host"]
+            # same host: same monotonic clock; else local = driver + (driver off - actor off)
+            d = 0 if c["host"] == me["host"] else me["offset_ns"] - c["offset_ns"]
+            self._deltas.append(d)
+            s.t0_ns = t0
+            self._refs.append(a.run.remote(replace(s, t0_ns=t0 + d), files_ref))
+
+    def request_stop(self, force: bool = False) -> None:
+        for a in self.actors:
+            a.stop.remote(force)
+
+    def _merge_stats(self) -> None:
+        merge_live(self.stats, list(self._per_worker.values()))
+
+    async def wait(self) -> list[DriveResult]:
+        """Gather every actor's result; its records go to its spec's records_path, instants
+        in this process's monotonic base."""
+        poll = asyncio.create_task(self._poll())
+        out: list[DriveResult] = []
+        names = {f.name for f in fields(DriveResult)}
+        try:
+            for s, ref, d in zip(self.specs, self._refs, self._deltas):
+                try:
+                    res, recs = await ref
+                except Exception as exc:  # an actor crashed: report it, keep the others
+                    self.errors[s.worker] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                    continue
+                r = DriveResult(**{k: v for k, v in res.items() if k in names})
+                if d:  # actor clock -> driver clock
+                    r.t_start_ns -= d
+                    r.t_end_ns -= d
+                    r.warmup_end_ns -= d
+                    recs = b"".join(shift_record_line(ln, -d) for ln in recs.splitlines()
+                                    if ln.strip())
+                with open(s.records_path, "wb") as f:
+                    f.write(recs)
+                out.append(r)
+        finally:
+            poll.cancel()
+            for a in self.actors:
+                self.ray.kill(a)
+        return out
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(STATS_EVERY_S)
+            try:
+                vals = await asyncio.gather(*[a.stats.remote() for a in self.actors])
+            except Exception:  # an actor died; its error surfaces in wait()
+                continue
+            for s, v in zip(self.specs, vals):
+                if v is not None:
+                    self._per_worker[s.worker] = v
+            self._merge_stats()
+
+
+def files_to_ship(run: dict, token_info: dict) -> dict[str, tuple[str, bytes]]:
+    """The trace (unless a built-in name every node resolves itself) and an HF tokenizer."""
+    from ..trace.load import BUILTIN_TRACES
+
+    files = {}
+    if run["trace"] not in BUILTIN_TRACES:
+        files["trace"] = pack(run["trace"])
+    if token_info.get("mode") == "hf":
+        files["tokenizer"] = pack(token_info["tokenizer"])
+    return files

@@ -33,6 +33,7 @@ from .metrics.summary import dist, summarize
 from .prompt.synth import SHARED_PREFIX_MODES
 from .prompt.token_model import TokenModel, builtin_model, hf_model
 from .records import read_records
+from .trace.model import TraceSet
 from .trace.load import load_traces
 
 SECRET_FIELDS = ("api_key",)
@@ -191,7 +192,7 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) ->
     t_wall0 = time.time()
     try:
         if not pooled:
-            results = [await _drive_here(cfg, specs[0], tm)]
+            results = [await _drive_here(cfg, specs[0], tm, traces)]
         else:
             results = await _drive_workers(cfg, specs)
     finally:
@@ -234,7 +235,8 @@ def resolve_workers(cfg: RunConfig, embedded: bool) -> int:
     return min(n, cfg.conc)
 
 
-async def _drive_here(cfg: RunConfig, spec: DriveSpec, tm: TokenModel) -> DriveResult:
+async def _drive_here(cfg: RunConfig, spec: DriveSpec, tm: TokenModel,
+                      traces: TraceSet) -> DriveResult:
     """One process: the engine runs on this event loop, progress reads its counters."""
     loop = asyncio.get_running_loop()
     done = asyncio.Event()
@@ -246,7 +248,7 @@ async def _drive_here(cfg: RunConfig, spec: DriveSpec, tm: TokenModel) -> DriveR
             prog.append(asyncio.create_task(_progress(cfg, engine.stats, done)))
 
     try:
-        return await drive(spec, on_engine, tm)
+        return await drive(spec, on_engine, tm, traces)
     finally:
         done.set()
         if prog:
@@ -372,6 +374,8 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
         "max_sessions_active": sum(x.max_sessions_active for x in results),
     })
     s["server_metrics"] = server_metrics
+    if s["cache"]["kv_pool_tokens"]:
+        s["cache"]["working_set_exceeds_pool"] = sum(x.cache_evictions for x in results) > 0
     reasons = {x.stop_reason for x in results}
     s["stop_reason"] = "signal" if "signal" in reasons else sorted(reasons)[0]
     s["config"] = cfg.public()
@@ -410,6 +414,7 @@ def _validate(cfg: RunConfig, s: dict) -> dict:
                         "the client's cores" if wait >= 5 else "") + ")")
     exp = Expectations(synthetic_al=cfg.expect_al, al_tolerance=cfg.al_tolerance,
                        offload_expected=cfg.expect_offload,
+                       working_set_exceeds_pool=s["cache"].get("working_set_exceeds_pool"),
                        theoretical_hit_rate=(s["cache"]["theoretical_hit_rate_pool"]
                                              if s["cache"]["kv_pool_tokens"]
                                              else s["cache"]["theoretical_hit_rate"]),

@@ -4,7 +4,8 @@ An LRU over the blocks of the prompts in the order the engine sends them, with t
 capacity in trace blocks: a request hits the longest run of its leading blocks still cached
 (vLLM's prefix caching only reuses a prefix), then all its blocks become most recent. Blocks
 are keyed by (namespace, hash_id) exactly as synthesis namespaces content, so shared-prefix
-blocks are shared here too. Without a known pool the cache is unbounded.
+blocks are shared here too. Without a known pool nothing is tracked (an unbounded LRU would
+grow with every block of the run): the expectation is then the in-session one.
 """
 from __future__ import annotations
 
@@ -16,9 +17,13 @@ class PrefixLRU:
     def __init__(self, capacity_blocks: int | None) -> None:
         self.capacity = capacity_blocks
         self._lru: OrderedDict[Hashable, None] = OrderedDict()
+        self.evictions = 0  # > 0: the replayed working set did not fit the pool
 
-    def observe(self, keys: Sequence[Hashable]) -> int:
-        """Leading blocks of `keys` found cached; then cache all of them."""
+    def observe(self, keys: Sequence[Hashable]) -> int | None:
+        """Leading blocks of `keys` found cached, then cache all of them; None when the pool
+        is unknown."""
+        if self.capacity is None:
+            return None
         lru = self._lru
         hits = 0
         for k in keys:
@@ -31,7 +36,7 @@ class PrefixLRU:
                 lru.move_to_end(k)
             else:
                 lru[k] = None
-        if self.capacity is not None:
-            while len(lru) > self.capacity:
-                lru.popitem(last=False)
+        while len(lru) > self.capacity:
+            lru.popitem(last=False)
+            self.evictions += 1
         return hits

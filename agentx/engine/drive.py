@@ -20,6 +20,7 @@ from ..prompt.token_model import TokenModel, builtin_model, hf_model
 from ..prompt.words import WORDS
 from ..records import RecordWriter
 from ..trace.load import load_traces
+from ..trace.model import TraceSet
 from .cache_model import PrefixLRU
 from .lanes import Engine, EngineConfig
 from .selfmon import LoopLagSampler
@@ -58,6 +59,7 @@ class DriveResult:
     cpu_util: float | None = None
     host: str = ""
     runqueue_wait_ms_per_s: float | None = None  # ready but another process had the core
+    cache_evictions: int = 0  # blocks the pool-sized cache model evicted (working set > pool)
 
 
 def large_allocations_to_os(threshold: int = 256 * 1024) -> bool:
@@ -91,10 +93,12 @@ def token_model_from_info(info: dict, thinking: str | None) -> TokenModel:
 
 
 async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = None,
-                tm: TokenModel | None = None) -> DriveResult:
+                tm: TokenModel | None = None, traces: TraceSet | None = None) -> DriveResult:
+    """Run this process's lanes; `tm` and `traces` are passed in-process to avoid rebuilding
+    them (workers rebuild both from the spec)."""
     r = spec.run
     large_allocations_to_os()
-    traces = load_traces(r["trace"])
+    traces = traces or load_traces(r["trace"])
     tm = tm or token_model_from_info(spec.token_info, r["thinking"])
     synth = SynthConfig(run_ns=spec.run_ns, shared_prefix=r["shared_prefix"],
                         context_scale=r["context_scale"], live_history=r["live_history"],
@@ -109,8 +113,9 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
     async with make_session(spec.client, len(spec.lanes)) as session:
         sender_cls = TokenIdsSender if tm.kind == "hf" else ChatSender
         sender = sender_cls(session, spec.client, keep_text=r["live_history"])
+        cache_model = PrefixLRU(spec.pool_blocks)
         engine = Engine(Planner(traces, r["seed"], r["start_min"], r["start_max"]), synth, tm,
-                        sender, ecfg, writer.write, PrefixLRU(spec.pool_blocks))
+                        sender, ecfg, writer.write, cache_model)
         if on_engine:
             on_engine(engine)
         tm.factory.prepare()  # the block tape (~0.2 s) now, not in the first request
@@ -127,7 +132,8 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
     st = engine.stats
     return DriveResult(spec.worker, engine.t_start_ns, engine.t_end_ns, engine.warmup_end_ns,
                        engine.stop_reason, st.max_in_flight, st.max_sessions_active, st.started,
-                       lag.lags_ms, lag.cpu_util, socket.gethostname(), lag.runqueue_wait_ms_per_s)
+                       lag.lags_ms, lag.cpu_util, socket.gethostname(), lag.runqueue_wait_ms_per_s,
+                       cache_model.evictions)
 
 
 def split_lanes(conc: int, workers: int) -> list[list[int]]:

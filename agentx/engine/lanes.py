@@ -196,7 +196,12 @@ class Engine:
         intended = perf_ns()
         prepared = conv.next_turn(step, turn_no)
         pool_hit_blocks = self.cache_model.observe(conv.block_keys(step.hash_ids))
-        bs_tokens = conv.trace.block_size * self.synth.context_scale
+        expected = prepared.expected_cached if warm else 0
+        if pool_hit_blocks is not None:  # the server's pool is known: LRU through it
+            bs_tokens = conv.trace.block_size * self.synth.context_scale
+            expected_pool = min(prepared.intended_in, int(pool_hit_blocks * bs_tokens))
+        else:
+            expected_pool = expected
         max_tokens = prepared.max_tokens
         if cfg.max_model_len:
             max_tokens = max(1, min(max_tokens, cfg.max_model_len - prepared.intended_in))
@@ -207,9 +212,7 @@ class Engine:
                             subagent=subagent, kind="prime" if prime else "turn",
                             intended_send_ns=intended, isl_intended=prepared.intended_in,
                             osl_intended=max_tokens,
-                            cached_expected=prepared.expected_cached if warm else 0,
-                            cached_expected_pool=min(prepared.intended_in,
-                                                     int(pool_hit_blocks * bs_tokens)))
+                            cached_expected=expected, cached_expected_pool=expected_pool)
         prepared.max_tokens = max_tokens
         self.stats.started += 1
         self.stats.in_flight += 1

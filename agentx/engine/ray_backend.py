@@ -206,7 +206,6 @@ class RayPool:
         clocks = ray.get([a.clock.remote() for a in self.actors])
         me = clock()
         t0 = max(s0.t0_ns or 0, time.perf_counter_ns() + int(0.5e9))
-        t0_wall = t0 + me["offset_ns"]
         files_ref = ray.put(files)
         for s, a, c in zip(self.specs, self.actors, clocks):
             self.hosts[s.worker] = c["host"]

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import aiohttp
 import orjson
 
-from ..client.http import ClientConfig, chat_body, completion_body, stream_request
+from ..client.http import ClientConfig, HTTPClient, chat_body, completion_body, stream_request
 from ..prompt.synth import Conversation, PreparedTurn
 from ..records import RequestRecord
 
 
 @dataclass
 class ChatSender:
-    session: aiohttp.ClientSession
+    session: HTTPClient
     cfg: ClientConfig
     keep_text: bool = False
 
@@ -28,14 +27,17 @@ class ChatSender:
         return self.cfg.base_url.rstrip("/") + "/v1/chat/completions"
 
     async def send(self, conv: Conversation, turn: PreparedTurn, rec: RequestRecord) -> str | None:
-        body = orjson.dumps(chat_body(self.cfg, turn.messages, turn.max_tokens))
+        # the body goes straight in (no local name) so it is freed once the response starts
         headers = {"X-Request-ID": rec.request_id, "X-Session-ID": rec.session_id}
-        return await stream_request(self.session, self.url, body, rec, headers, self.keep_text)
+        return await stream_request(
+            self.session, self.url, orjson.dumps(chat_body(self.cfg, turn.messages,
+                                                           turn.max_tokens)),
+            rec, headers, self.keep_text)
 
 
 @dataclass
 class TokenIdsSender:
-    session: aiohttp.ClientSession
+    session: HTTPClient
     cfg: ClientConfig
     keep_text: bool = False
     max_fix_rounds: int = 3
@@ -63,6 +65,7 @@ class TokenIdsSender:
     async def send(self, conv: Conversation, turn: PreparedTurn, rec: RequestRecord) -> str | None:
         ids = self.render_ids(conv, turn)
         rec.isl_intended = turn.intended_in
-        body = orjson.dumps(completion_body(self.cfg, ids, turn.max_tokens))
         headers = {"X-Request-ID": rec.request_id, "X-Session-ID": rec.session_id}
-        return await stream_request(self.session, self.url, body, rec, headers, self.keep_text)
+        return await stream_request(
+            self.session, self.url, orjson.dumps(completion_body(self.cfg, ids, turn.max_tokens)),
+            rec, headers, self.keep_text)

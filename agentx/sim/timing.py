@@ -68,7 +68,7 @@ class Batch:
 
 class StepTiming:
     def __init__(self, r: Resolved, spec_k: int = 0, offload: str = "none") -> None:
-        p, hw, m, cal = r.profile, r.profile.hardware, r.profile.model, r.profile.calibration
+        hw, m, cal = r.profile.hardware, r.profile.model, r.profile.calibration
         tp = r.tp
         self.tp = tp
         self.k = spec_k

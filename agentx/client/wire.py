@@ -1,0 +1,488 @@
+"""Minimal HTTP/1.1 streaming client over `asyncio.Protocol` (the request hot path).
+
+Keep-alive connections, chunked or length-framed bodies, TLS when the URL says https. A
+response's bytes are timestamped first thing in `data_received`, de-chunked and SSE-decoded
+inside that callback, so a chunk costs no task wake-up, no stream-reader queue and no per-read
+future. Under load a general-purpose client (aiohttp's StreamReader + a task per stream)
+delays every timestamp by the time its task waits for the event loop; here the timestamp is
+taken when the loop hands over the bytes. The control plane (/v1/models, /tokenize) uses
+aiohttp (`HTTPClient.aio`).
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from ..records import RequestRecord
+from .config import ClientConfig
+from .sse import StreamDecoder
+
+perf_ns = time.perf_counter_ns
+MAX_HEAD = 64 * 1024
+WRITE_SLICE = 256 * 1024
+
+
+class HTTPError(Exception):
+    """A failure classified for RequestRecord.error (connect, reset, timeout, client_error)."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+
+
+class _Stale(Exception):
+    """A reused keep-alive connection died before any response byte: safe to resend."""
+
+
+class RequestBody:
+    """A request body that the client lets go of once the response has begun: a resend is
+    possible only before that, and an agentic prompt is ~1 MB per lane that would otherwise
+    stay alive for the whole generation. Callers pass bytes (or fragments) and keep no
+    reference of their own if they want the memory back early."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self, body: bytes | Sequence[bytes]) -> None:
+        self.parts: Sequence[bytes] | None = (body,) if type(body) is bytes else body
+        self.size = sum(len(p) for p in self.parts)
+
+
+_HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILER, _LENGTH, _UNTIL_EOF, _DONE = range(8)
+
+
+class _Response:
+    """Incremental parse of one HTTP/1.1 response; body bytes go to the decoder (status
+    200) or are kept as the error body. Finishes `done` when the body is complete."""
+
+    __slots__ = ("decoder", "done", "state", "buf", "status", "remaining", "keep_alive",
+                 "err_body", "got_bytes", "last_rx", "body")
+
+    def __init__(self, decoder: StreamDecoder, done: asyncio.Future, body: RequestBody) -> None:
+        self.body = body
+        self.decoder = decoder
+        self.done = done
+        self.state = _HEAD
+        self.buf = b""
+        self.status = 0
+        self.remaining = 0
+        self.keep_alive = False
+        self.err_body: list[bytes] = []
+        self.got_bytes = False
+        self.last_rx = 0
+
+    def feed(self, data: bytes, t: int) -> None:
+        if not self.got_bytes:
+            self.got_bytes = True
+            self.body.parts = None  # no resend from here on: let the body go
+        self.last_rx = t
+        if self.state == _HEAD:
+            buf = self.buf + data if self.buf else data
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > MAX_HEAD:
+                    self._fail(HTTPError("client_error", "response head too large"))
+                self.buf = buf
+                return
+            self.buf = b""
+            try:
+                self._head(buf[:end])
+            except (ValueError, IndexError) as exc:
+                self._fail(HTTPError("client_error", f"bad response head: {exc}"))
+                return
+            data = buf[end + 4:]
+            if self.state == _HEAD:  # 1xx: the real head follows
+                if data:
+                    self.feed(data, t)
+                return
+            if self.state == _DONE:
+                self._finish()
+                return
+            if not data:
+                return
+        if self.state == _LENGTH:
+            self._sink(data[:self.remaining], t)
+            self.remaining -= min(len(data), self.remaining)
+            if self.remaining == 0:
+                self.state = _DONE
+                self._finish()
+        elif self.state == _UNTIL_EOF:
+            self._sink(data, t)
+        elif self.state != _DONE:
+            self._chunked(data, t)
+
+    def _head(self, head: bytes) -> None:
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(None, 2)
+        if not parts[0].startswith(b"HTTP/"):
+            raise ValueError(lines[0][:80].decode("latin-1"))
+        self.status = int(parts[1])
+        if 100 <= self.status < 200:
+            return  # state stays _HEAD
+        self.decoder.rec.status = self.status
+        hdr: dict[bytes, bytes] = {}
+        for ln in lines[1:]:
+            k, _, v = ln.partition(b":")
+            hdr[k.strip().lower()] = v.strip()
+        conn = hdr.get(b"connection", b"").lower()
+        self.keep_alive = parts[0] == b"HTTP/1.1" and conn != b"close" or conn == b"keep-alive"
+        if b"chunked" in hdr.get(b"transfer-encoding", b"").lower():
+            self.state = _CHUNK_SIZE
+        elif b"content-length" in hdr:
+            self.remaining = int(hdr[b"content-length"])
+            self.state = _LENGTH if self.remaining else _DONE
+        else:
+            self.keep_alive = False
+            self.state = _UNTIL_EOF
+
+    def _chunked(self, data: bytes, t: int) -> None:
+        buf = self.buf + data if self.buf else data
+        n = len(buf)
+        pos = 0
+        ok = self.status == 200
+        feed = self.decoder.feed
+        while pos < n:
+            st = self.state
+            if st == _CHUNK_SIZE:
+                j = buf.find(b"\r\n", pos)
+                if j < 0:
+                    break
+                try:
+                    size = int(buf[pos:j].split(b";", 1)[0], 16)
+                except ValueError:
+                    self._fail(HTTPError("client_error", "bad chunk size"))
+                    return
+                pos = j + 2
+                if not size:
+                    self.state = _TRAILER
+                    continue
+                end = pos + size
+                if end + 2 <= n:  # the whole chunk is here (the common case): one step
+                    if ok:
+                        feed(buf[pos:end], t)
+                    else:
+                        self.err_body.append(buf[pos:end])
+                    pos = end + 2
+                    continue
+                self.remaining = size
+                self.state = _CHUNK_DATA
+            elif st == _CHUNK_DATA:
+                take = min(self.remaining, n - pos)
+                piece = buf if take == n else buf[pos:pos + take]
+                if ok:
+                    feed(piece, t)
+                else:
+                    self.err_body.append(piece)
+                pos += take
+                self.remaining -= take
+                if self.remaining == 0:
+                    self.state = _CHUNK_CRLF
+            elif st == _CHUNK_CRLF:
+                if n - pos < 2:
+                    break
+                pos += 2
+                self.state = _CHUNK_SIZE
+            elif st == _TRAILER:
+                if buf.startswith(b"\r\n", pos):
+                    pos += 2
+                else:
+                    j = buf.find(b"\r\n\r\n", pos)
+                    if j < 0:
+                        break
+                    pos = j + 4
+                self.state = _DONE
+                self.buf = b""
+                self._finish()
+                return
+            else:
+                return
+        self.buf = buf[pos:] if pos < n else b""
+
+    def _sink(self, data: bytes, t: int) -> None:
+        if self.status == 200:
+            self.decoder.feed(data, t)
+        else:
+            self.err_body.append(data)
+
+    def _finish(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.keep_alive = False
+        if not self.done.done():
+            self.done.set_exception(exc)
+
+    def closed(self, exc: BaseException | None) -> None:
+        """The connection ended (EOF or error) while this response was current."""
+        self.keep_alive = False
+        if self.state == _UNTIL_EOF and exc is None:
+            self.state = _DONE
+            self._finish()
+        elif self.state != _DONE:
+            if not self.got_bytes:
+                self._fail(_Stale(str(exc or "connection closed before the response")))
+            else:
+                self._fail(HTTPError("reset", str(exc) if exc else
+                                     "connection closed before the response ended"))
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection. The arrival timestamp is the first statement of
+    data_received: nothing of ours runs between the loop reading the socket and it."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.resp: _Response | None = None
+        self.closed = False
+        self._drain: asyncio.Future | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    def data_received(self, data: bytes) -> None:
+        t = perf_ns()
+        r = self.resp
+        if r is not None:
+            r.feed(data, t)
+        else:  # bytes nobody asked for: this connection cannot be trusted any more
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()
+
+    def eof_received(self) -> bool:
+        self.closed = True
+        if self.resp is not None:
+            self.resp.closed(None)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.resume_writing()
+        if self.resp is not None:
+            self.resp.closed(exc)
+
+    def pause_writing(self) -> None:
+        if self._drain is None:
+            self._drain = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        d, self._drain = self._drain, None
+        if d is not None and not d.done():
+            d.set_result(None)
+
+    async def send(self, head: bytes, body: RequestBody, timeout_s: float) -> None:
+        """Write head + body. Small bodies go in one synchronous write. Large ones go in
+        slices as the socket drains: the transport copies whatever the kernel does not take
+        at once, and 1024 lanes x ~1 MB bodies would otherwise sit twice in memory."""
+        tr = self.transport
+        parts = body.parts
+        assert tr is not None and parts is not None
+        if body.size < WRITE_SLICE:
+            if len(parts) == 1:
+                tr.write(head + parts[0])
+            else:
+                tr.writelines((head, *parts))
+            return
+        tr.write(head)
+        for part in parts:
+            mv = memoryview(part)
+            for i in range(0, len(mv), WRITE_SLICE):
+                if self._drain is not None:
+                    try:
+                        await asyncio.wait_for(asyncio.shield(self._drain), timeout_s)
+                    except asyncio.TimeoutError:
+                        raise HTTPError("timeout", f"request body not taken for {timeout_s:g} s"
+                                        ) from None
+                if self.closed:
+                    return  # the response side reports what happened
+                tr.write(mv[i:i + WRITE_SLICE])
+
+    @property
+    def reusable(self) -> bool:
+        return not self.closed and self.transport is not None and not self.transport.is_closing()
+
+    def close(self, abort: bool = False) -> None:
+        if self.transport is not None:
+            self.transport.abort() if abort else self.transport.close()
+
+
+@dataclass(frozen=True)
+class _Target:
+    key: tuple  # (scheme, host, port)
+    host: str
+    port: int
+    tls: bool
+    path: str
+    head: bytes  # request line + fixed headers, without Content-Length and per-request ones
+
+
+class HTTPClient:
+    """Keep-alive connections for the streaming hot path, plus an aiohttp session for the
+    control plane. One per process (or per worker); use as an async context manager."""
+
+    def __init__(self, cfg: ClientConfig) -> None:
+        self.cfg = cfg
+        self._idle: dict[tuple, list[_Conn]] = {}
+        self._busy: set[_Conn] = set()
+        self._targets: dict[str, _Target] = {}
+        self._aio: aiohttp.ClientSession | None = None
+        self._sem = asyncio.Semaphore(cfg.max_connections) if cfg.max_connections else None
+        self._ssl: ssl.SSLContext | None = None
+        self._fixed = "".join(f"{k}: {v}\r\n" for k, v in cfg.headers().items()
+                              if k.lower() not in ("host", "content-length"))
+        self.connections_opened = 0
+
+    @property
+    def aio(self) -> aiohttp.ClientSession:
+        """aiohttp session for non-streaming calls (model list, /tokenize, ...)."""
+        if self._aio is None:
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.connect_timeout_s,
+                                            sock_read=self.cfg.timeout_s)
+            self._aio = aiohttp.ClientSession(timeout=timeout, headers=self.cfg.headers())
+        return self._aio
+
+    async def __aenter__(self) -> "HTTPClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        for conns in self._idle.values():
+            for c in conns:
+                c.close()
+        self._idle.clear()
+        for c in list(self._busy):
+            c.close(abort=True)
+        self._busy.clear()
+        if self._aio is not None:
+            await self._aio.close()
+            self._aio = None
+
+    def target(self, url: str) -> _Target:
+        t = self._targets.get(url)
+        if t is None:
+            u = urlsplit(url)
+            if u.scheme not in ("http", "https") or not u.hostname:
+                raise HTTPError("client_error", f"unsupported URL {url!r}")
+            tls = u.scheme == "https"
+            port = u.port or (443 if tls else 80)
+            host_hdr = u.hostname if u.port is None else f"{u.hostname}:{u.port}"
+            if ":" in u.hostname:  # IPv6 literal
+                host_hdr = f"[{u.hostname}]" + (f":{u.port}" if u.port else "")
+            path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+            head = (f"POST {path} HTTP/1.1\r\nHost: {host_hdr}\r\n{self._fixed}"
+                    "User-Agent: agentx\r\n").encode("latin-1")
+            t = _Target((u.scheme, u.hostname, port), u.hostname, port, tls, path, head)
+            self._targets[url] = t
+        return t
+
+    async def _connect(self, t: _Target) -> _Conn:
+        try:
+            conn = await asyncio.wait_for(self._open(t), self.cfg.connect_timeout_s)
+        except asyncio.TimeoutError:
+            raise HTTPError("connect", f"connect to {t.host}:{t.port} timed out") from None
+        except OSError as exc:
+            raise HTTPError("connect", f"cannot connect to {t.host}:{t.port}: {exc}") from None
+        self.connections_opened += 1
+        return conn
+
+    async def _open(self, t: _Target) -> _Conn:
+        loop = asyncio.get_running_loop()
+        ctx = None
+        if t.tls:
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            ctx = self._ssl
+        _, conn = await loop.create_connection(_Conn, t.host, t.port, ssl=ctx,
+                                               server_hostname=t.host if ctx else None)
+        return conn
+
+    async def _acquire(self, t: _Target) -> tuple[_Conn, bool]:
+        idle = self._idle.get(t.key)
+        while idle:
+            c = idle.pop()
+            if c.reusable:
+                return c, True
+        return await self._connect(t), False
+
+    def _release(self, t: _Target, c: _Conn, reuse: bool) -> None:
+        self._busy.discard(c)
+        c.resp = None
+        if reuse and c.reusable:
+            self._idle.setdefault(t.key, []).append(c)
+        else:
+            c.close(abort=not c.closed)
+
+    async def stream(self, url: str, body: RequestBody, headers: dict[str, str],
+                     decoder: StreamDecoder, rec: RequestRecord) -> _Response:
+        """Send one POST and wait until its response has been fully consumed. The body may
+        be fragments (e.g. per-message JSON kept by the caller), written with one vectored
+        write instead of being joined into a copy."""
+        if self._sem is not None:
+            async with self._sem:
+                return await self._stream(url, body, headers, decoder, rec)
+        return await self._stream(url, body, headers, decoder, rec)
+
+    async def _stream(self, url: str, body: RequestBody, headers: dict[str, str],
+                      decoder: StreamDecoder, rec: RequestRecord) -> _Response:
+        t = self.target(url)
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        head = t.head + f"{extra}Content-Length: {body.size}\r\n\r\n".encode("latin-1")
+        loop = asyncio.get_running_loop()
+        for attempt in range(2):
+            rec.start_ns = decoder.t0 = perf_ns()
+            conn, reused = await self._acquire(t)
+            resp = _Response(decoder, loop.create_future(), body)
+            conn.resp = resp
+            self._busy.add(conn)
+            ok = False
+            try:
+                await conn.send(head, body, self.cfg.timeout_s)
+                await self._wait(resp)
+                ok = True
+                return resp
+            except _Stale as exc:
+                if reused and attempt == 0:
+                    continue  # the server had closed the idle connection: resend once
+                raise HTTPError("reset", str(exc)) from None
+            finally:
+                self._release(t, conn, ok and resp.keep_alive)
+        raise AssertionError("unreachable")
+
+    async def _wait(self, resp: _Response) -> None:
+        """Await the response; fail with `timeout` after timeout_s without a byte."""
+        limit = self.cfg.timeout_s
+        loop = asyncio.get_running_loop()
+        start = perf_ns()
+        handle = None
+
+        def check() -> None:
+            nonlocal handle
+            if resp.done.done():
+                return
+            idle = (perf_ns() - (resp.last_rx or start)) / 1e9
+            if idle >= limit:
+                resp.keep_alive = False
+                resp.done.set_exception(HTTPError("timeout", f"no data for {limit:g} s"))
+            else:
+                handle = loop.call_later(limit - idle, check)
+
+        handle = loop.call_later(limit, check)
+        try:
+            await resp.done
+        finally:
+            handle.cancel()

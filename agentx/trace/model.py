@@ -52,6 +52,9 @@ class Trace:
     system_tokens: int = 0
     tool_tokens: int = 0
     source: str = ""  # file (and member) it came from, for error messages and records
+    # "local": hash_ids are comparable only inside this trace (Weka default); "global": across
+    # every trace of the set (Mooncake), so a shared cache sees cross-session prefix reuse.
+    hash_id_scope: str = "local"
 
     @property
     def turns(self) -> list[Turn]:

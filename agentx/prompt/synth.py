@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..trace.model import Trace, Turn
+from ..trace.weka import common_prefix
 from .token_model import TokenModel
 
 SHARED_PREFIX_MODES = ("none", "system", "system+tools")
@@ -56,7 +57,7 @@ class Conversation:
     model: TokenModel
     messages: list[dict] = field(default_factory=list)
     content_tokens: list[int] = field(default_factory=list)
-    prev_ids: Sequence[int] = ()
+    prev_ids: list = field(default_factory=list)
     prev_in: int = 0
     pending_out: int = 0  # tokens of the last answer not yet in history
     turn_index: int = -1
@@ -125,7 +126,7 @@ class Conversation:
         if self.cfg.max_prompt_tokens:
             target = min(target, self.cfg.max_prompt_tokens)
         ids = turn.hash_ids
-        common = _common_prefix(self.prev_ids, ids)
+        common = common_prefix(self.prev_ids, ids)
         compaction = bool(self.messages) and (
             target < self.prev_in or common * 2 < len(self.prev_ids))
         if not self.messages or compaction:
@@ -180,11 +181,3 @@ class Conversation:
         self.messages[-1] = {"role": "user", "content": text}
         self.content_tokens[-1] = n
         self.prev_in += n - old
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

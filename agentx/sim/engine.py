@@ -312,12 +312,7 @@ class Engine:
                 if req.num_computed < req.target_len:
                     continue  # chunked prefill continues next step
                 gen = 1
-            left = req.max_tokens - req.num_out
-            finish = None
-            if gen >= left:
-                gen, finish = left, "length"
-            if req.eos_at is not None and req.num_out + gen >= req.eos_at:
-                gen, finish = req.eos_at - req.num_out, "stop"
+            gen, finish = _cap(req, gen)
             req.num_out += gen
             if not req.first_token_ns:
                 req.first_token_ns = now_ns
@@ -366,12 +361,7 @@ class Engine:
             gen = 1 if req.num_out == 0 or self.spec is None else 1 + self.spec.draw()
             if req.num_out > 0 and self.spec is not None:
                 self.stats.on_drafts(self.k, gen - 1)
-            left = req.max_tokens - req.num_out
-            finish = None
-            if gen >= left:
-                gen, finish = left, "length"
-            if req.eos_at is not None and req.num_out + gen >= req.eos_at:
-                gen, finish = req.eos_at - req.num_out, "stop"
+            gen, finish = _cap(req, gen)
             now_ns = time.perf_counter_ns()
             req.num_out += gen
             if not req.first_token_ns:
@@ -399,3 +389,15 @@ async def _sleep_until(deadline: float) -> None:
         await asyncio.sleep(0)  # always yield at least once so HTTP handlers run between steps
         if d <= 0:
             return
+
+
+def _cap(req, gen: int) -> tuple[int, str | None]:
+    """Tokens this step may really emit, and why the request ends if it does: max_tokens
+    ("length") or its drawn EOS position ("stop", only without ignore_eos)."""
+    left = req.max_tokens - req.num_out
+    finish = None
+    if gen >= left:
+        gen, finish = left, "length"
+    if req.eos_at is not None and req.num_out + gen >= req.eos_at:
+        gen, finish = req.eos_at - req.num_out, "stop"
+    return gen, finish

@@ -377,7 +377,9 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
     if s["cache"]["kv_pool_tokens"]:
         s["cache"]["working_set_exceeds_pool"] = sum(x.cache_evictions for x in results) > 0
     reasons = {x.stop_reason for x in results}
-    s["stop_reason"] = "signal" if "signal" in reasons else sorted(reasons)[0]
+    errors = sorted(r for r in reasons if r.startswith("error"))
+    s["stop_reason"] = errors[0] if errors else "signal" if "signal" in reasons \
+        else sorted(reasons)[0]
     s["config"] = cfg.public()
     s["run"] = {"agentx_version": __version__, "started_at": t_wall0, "target": base_url,
                 "embedded_simulator": embedded, "model": ccfg.model,
@@ -405,7 +407,7 @@ def _validate(cfg: RunConfig, s: dict) -> dict:
     itl_p50 = (s.get("itl_ms") or {}).get("p50") or 0.0
     threshold = cfg.loop_lag_threshold_ms or max(2.0, 0.1 * itl_p50)
     lag_p99 = (s["client"]["loop_lag_ms"] or {}).get("p99")
-    extra = []
+    extra = [s["stop_reason"]] if s["stop_reason"].startswith("error") else []
     if lag_p99 is not None and lag_p99 > threshold:
         wait = s["client"].get("runqueue_wait_ms_per_s") or 0.0
         extra.append(f"client-bound: event-loop lag p99 {lag_p99:.2f} ms > {threshold:.2f} ms; "

@@ -144,6 +144,9 @@ class Engine:
                                                  self.stats.sessions_active)
             try:
                 await self._session(lane, pick.trace, pick.instance, pick.start_turn, "")
+            except Exception as exc:  # a bug must not silently leave the run a lane short
+                self.stop(f"error: lane {lane} ({pick.trace.id}): {type(exc).__name__}: {exc}")
+                raise
             finally:
                 self.stats.sessions_active -= 1
 

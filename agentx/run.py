@@ -33,8 +33,8 @@ from .metrics.summary import dist, summarize
 from .prompt.synth import SHARED_PREFIX_MODES
 from .prompt.token_model import TokenModel, builtin_model, hf_model
 from .records import read_records
-from .trace.model import TraceSet
 from .trace.load import load_traces
+from .trace.model import TraceSet
 
 SECRET_FIELDS = ("api_key",)
 

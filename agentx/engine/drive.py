@@ -52,9 +52,7 @@ class DriveResult:
     t_end_ns: int
     warmup_end_ns: int
     stop_reason: str
-    max_in_flight: int
     max_sessions_active: int
-    started: int
     loop_lag_ms: list[float] = field(default_factory=list)
     cpu_util: float | None = None
     host: str = ""
@@ -131,7 +129,7 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
             gc.unfreeze()
     st = engine.stats
     return DriveResult(spec.worker, engine.t_start_ns, engine.t_end_ns, engine.warmup_end_ns,
-                       engine.stop_reason, st.max_in_flight, st.max_sessions_active, st.started,
+                       engine.stop_reason, st.max_sessions_active,
                        lag.lags_ms, lag.cpu_util, socket.gethostname(), lag.runqueue_wait_ms_per_s,
                        cache_model.evictions)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from ..aio import cancel_and_wait
 
 
 def runqueue_wait_ns() -> int | None:
@@ -51,9 +52,4 @@ class LoopLagSampler:
         w1 = runqueue_wait_ns()
         if w1 is not None and self._wait0 is not None and wall > 0:
             self.runqueue_wait_ms_per_s = (w1 - self._wait0) / 1e6 / wall
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)

@@ -17,6 +17,7 @@ import aiohttp
 
 from agentx.metrics import server_metrics as sm
 from agentx.metrics.prom import SampleKey, Snapshot, parse_metrics
+from agentx.aio import cancel_and_wait
 
 # Short keys for the time series kept in results → (sample name, how engines combine).
 SERIES_KEYS: dict[str, tuple[str, str]] = {
@@ -132,13 +133,8 @@ class MetricsScraper:
 
     async def stop(self) -> None:
         """Stop periodic scraping, take the final scrape, close an owned session."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         self.last = await self.scrape_once()
         if self._own_session and self._session is not None:
             await self._session.close()

@@ -19,6 +19,7 @@ import random
 import time
 from collections import deque
 
+from ..aio import cancel_and_wait
 from .kvcache import BlockPool
 from .offload import OffloadTier
 from .request import FINISHED, LOADING, RUNNING, WAITING, SimRequest
@@ -91,13 +92,8 @@ class Engine:
             if req.finish is None:
                 req.finish = "abort"
                 req.push(0, "abort")
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     # ------------------------------------------------------------ step loop
     async def _run(self) -> None:

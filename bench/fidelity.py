@@ -3,8 +3,8 @@
 
 The embedded simulator is the ground truth: `agentx serve-sim --fixed-ttft-ms --fixed-itl-ms
 --truth-log` sends every request's first chunk a fixed time after the request reached it and
-then a chunk every fixed interval, and logs the perf_counter_ns of each request's arrival and
-of every chunk's hand-over to the socket. perf_counter_ns is CLOCK_MONOTONIC, shared by every
+then a chunk every fixed interval, and logs the perf_counter_ns of each request's arrival (its
+first bytes read off the socket, `received_ns`) and of every chunk's hand-over to the socket. perf_counter_ns is CLOCK_MONOTONIC, shared by every
 process on the machine, so the truth and the client's own timestamps are directly comparable.
 
 Per concurrency the bench starts the simulator pinned to one core (taskset), runs the client
@@ -79,9 +79,10 @@ class ClientReq:
 @dataclass
 class TruthReq:
     rid: str
-    arrival_ns: int
+    arrival_ns: int  # its bytes read off the socket (`received_ns`), else the handler's start
     chunks: list[tuple[int, int]]  # (send ns, tokens); tokens 0 = vLLM's role-only chunk
     completion_tokens: int
+    handler_ns: int = 0  # the handler's start: after the server's own front-end queue
 
     @property
     def token_chunks(self) -> list[int]:
@@ -101,9 +102,9 @@ def read_truth(path: str | os.PathLike) -> dict[str, TruthReq]:
             d = orjson.loads(line)
             if not d.get("stream") or d.get("fault"):
                 continue
-            out[d["request_id"]] = TruthReq(d["request_id"], d["arrival_ns"],
+            out[d["request_id"]] = TruthReq(d["request_id"], d.get("received_ns") or d["arrival_ns"],
                                             [(t, n) for t, n in d["chunks"]],
-                                            d["completion_tokens"])
+                                            d["completion_tokens"], d["arrival_ns"])
     return out
 
 
@@ -184,7 +185,7 @@ def compare(truth: dict[str, TruthReq], client: list[ClientReq], warm_s: float,
     t1 = arrivals[-1]
     late = {c.rid for c in client if c.start_ns >= t0}
     steady = {rid: r for rid, r in truth.items() if r.arrival_ns <= t1 and rid in late}
-    ttft_true, ttft_rep, ttft_err, send_lag = [], [], [], []
+    ttft_true, ttft_rep, ttft_err, send_lag, front = [], [], [], [], []
     itl_true, itl_rep, itl_err = [], [], []
     tpot_true, tpot_rep, tpot_err = [], [], []
     matched = mismatched = failed = 0
@@ -204,6 +205,7 @@ def compare(truth: dict[str, TruthReq], client: list[ClientReq], warm_s: float,
         ttft_rep.append(c.ttft_ms)
         ttft_err.append(c.ttft_ms - true_ttft)
         send_lag.append((tr.arrival_ns - c.start_ns) / 1e6)
+        front.append((tr.handler_ns - tr.arrival_ns) / 1e6)
         sent = [t for t, _ in tr.chunks] if role_chunk else tok
         if len(sent) != len(c.chunk_ns):
             mismatched += 1
@@ -225,7 +227,7 @@ def compare(truth: dict[str, TruthReq], client: list[ClientReq], warm_s: float,
         "steady_window_s": (t1 - t0) / 1e9,
         "streams_open": open_streams(list(truth.values()), t0, t1),
         "ttft_true": pcts(ttft_true), "ttft_reported": pcts(ttft_rep), "ttft_err": pcts(ttft_err),
-        "send_lag": pcts(send_lag),
+        "send_lag": pcts(send_lag), "server_front": pcts(front),
         "itl_true": pcts(itl_true), "itl_reported": pcts(itl_rep), "itl_err": pcts(itl_err),
         "tpot_true": pcts(tpot_true), "tpot_reported": pcts(tpot_rep), "tpot_err": pcts(tpot_err),
     }
@@ -369,6 +371,9 @@ def measure(case: Case, args: argparse.Namespace, work: Path) -> Case:
     emb = "-emb" if case.embedded else ""
     tag = f"{case.client}{emb}-c{case.conc}-w{case.workers}-cpu{cpus}"
     truth = work / f"{tag}.truth.jsonl"
+    # the truth log and the records are appended to: a reused --work-dir must start empty
+    shutil.rmtree(work / tag, ignore_errors=True)
+    truth.unlink(missing_ok=True)
     summary: dict = {}
     if case.embedded:  # the simulator inside the client process (no --base-url)
         sim = ["--sim-profile", "cpu-tiny", "--sim-opt", f"fixed_ttft_ms={args.ttft_ms}",
@@ -444,9 +449,10 @@ def table(cases: list[Case]) -> str:
 def detail(cases: list[Case]) -> str:
     """True vs reported values, where the TTFT error comes from, and the client's own view."""
     rows = ["| client | lanes | TTFT true / reported p50 ms | TTFT true / reported p99 ms "
-            "| arrival − send p50 / p99 ms | chunk ITL true p50 / p99 ms "
+            "| read by server − send p50 / p99 ms | server front-end queue p50 / p99 ms "
+            "| chunk ITL true p50 / p99 ms "
             "| TPOT true p50 ms | client cpu | loop lag p99 ms | core wait ms/s | client-bound |",
-            "|---|---:|---|---|---|---|---|---:|---:|---:|---|"]
+            "|---|---:|---|---|---|---|---|---|---:|---:|---:|---|"]
     for c in cases:
         r = c.result
         a = r.get("agentx") or {}
@@ -455,7 +461,7 @@ def detail(cases: list[Case]) -> str:
             f"| {c.label} | {c.conc} | {_f(r['ttft_true']['p50'])} / "
             f"{_f(r['ttft_reported']['p50'])} | {_f(r['ttft_true']['p99'])} / "
             f"{_f(r['ttft_reported']['p99'])} | {_pair(r['send_lag'], 1, True)} "
-            f"| {_pair(r['itl_true'], 2)} | {_f(r['tpot_true']['p50'], 3)} "
+            f"| {_pair(r['server_front'], 1)} | {_pair(r['itl_true'], 2)} | {_f(r['tpot_true']['p50'], 3)} "
             f"| {_f(a.get('cpu_util'), 2) if ours else '-'} "
             f"| {_f((a.get('loop_lag_ms') or {}).get('p99'), 2) if ours else '-'} "
             f"| {_f(a.get('runqueue_wait_ms_per_s'), 1) if ours else '-'} "

@@ -255,6 +255,37 @@ async def test_truth_log_and_fixed_timing(tmp_path):
         assert abs(sum(gaps) / len(gaps) - 10.0) < 1.0
 
 
+async def test_truth_log_received_ns_is_each_requests_own_first_read(tmp_path):
+    """`received_ns` (rxstamp) on one keep-alive connection: a body too large for one read, a
+    GET in between and a small request each get the time their own first bytes were read,
+    never a stale read of the request before them."""
+    import time
+
+    log = tmp_path / "truth.jsonl"
+    cfg = SimConfig(profile="cpu-tiny", truth_log=str(log), fixed_ttft_ms=5, fixed_itl_ms=1)
+    sent = {}
+    with start_in_thread(cfg) as sim:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as s:
+            url = sim.base_url + "/v1/chat/completions"
+            # 8 MB: read in many parts, most after the handler started; a GET after the second
+            for rid, pad in (("big", 8 << 20), ("small", 0), ("after-get", 0)):
+                body = {"messages": messages(50, rid), "stream": True, "max_tokens": 4, "ignore_eos": True,
+                        "user": "u" * pad}
+                sent[rid] = time.perf_counter_ns()
+                res = await post_stream(s, url, body, {"X-Request-ID": rid})
+                assert res.status == 200 and res.done
+                if rid == "small":
+                    async with s.get(sim.base_url + "/metrics") as r:
+                        assert r.status == 200
+                        await r.read()
+            assert len(s.connector._conns) == 1  # noqa: SLF001 (one connection carried all four)
+    recs = {r["request_id"]: r for r in map(orjson.loads, log.read_bytes().splitlines())}
+    for rid, rec in recs.items():
+        # its own first read: after the client began sending it, before its handler ran
+        assert sent[rid] <= rec["received_ns"] <= rec["arrival_ns"]
+        assert rec["arrival_ns"] - rec["received_ns"] < 50e6  # idle server: handler right away
+
+
 async def test_client_disconnect_aborts_and_frees_kv():
     with start_in_thread(SimConfig(profile="cpu-tiny", time_scale=2)) as sim:
         async with aiohttp.ClientSession() as s:

@@ -31,6 +31,7 @@ from .request import SimRequest
 from .specdec import Acceptance, default_rates, rates_from_length
 from .stats import EngineStats
 from .timing import StepTiming
+from .rxstamp import ReceiveStamps
 from .truthlog import TruthLog
 
 JSON = "application/json"
@@ -85,6 +86,7 @@ class SimServer:
                              fixed_itl_s=cfg.fixed_itl_ms / 1e3 if fixed else None, seed=cfg.seed)
         self.faults = FaultPlan(cfg.fail_rate, tuple(cfg.fail_kinds), cfg.seed)
         self.truth = TruthLog(cfg.truth_log) if cfg.truth_log else None
+        self.rx = ReceiveStamps()  # when each request's bytes were read (serve() installs it)
         self._n = 0
 
     def _cache_config_labels(self) -> dict[str, str]:
@@ -139,9 +141,12 @@ class SimServer:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):
+        if not request.body_exists:
+            self.rx.take(request.transport)  # all read already; bodies claim theirs in _body
         key = self.cfg.api_key
         if key and request.path.startswith("/v1"):
             if request.headers.get("Authorization", "") != f"Bearer {key}":
+                self.rx.take(request.transport)
                 return _json(orjson.dumps({"error": "Unauthorized"}), 401)
         return await handler(request)
 
@@ -203,6 +208,7 @@ class SimServer:
     # ------------------------------------------------------------ request parsing
     async def _body(self, request: web.Request) -> dict:
         raw = await request.read()
+        request["received_ns"] = self.rx.take(request.transport)
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
@@ -297,6 +303,8 @@ class SimServer:
             session = request.headers.get("X-Session-ID") or body.get("session_id")
             reqs = [self._new_request(body, ids, base if i == 0 else f"{base}-{i}", session, arrival_ns, arrival_wall)
                     for i, ids in enumerate(prompts)]
+            for r in reqs:
+                r.received_ns = request.get("received_ns") or 0
             stream = bool(body.get("stream", False))
             so = body.get("stream_options") or {}
             if not isinstance(so, dict):
@@ -346,6 +354,8 @@ class SimServer:
     def _words(self, start: int, n: int) -> str:
         w = self.words
         m = len(w)
+        if n == 1:  # the common chunk: no generator
+            return w[start % m]
         return "".join(w[(start + i) % m] for i in range(n))
 
     def _metrics(self, req: SimRequest) -> dict | None:
@@ -494,6 +504,7 @@ class SimServer:
         self.truth.write({
             "request_id": req.rid, "session_id": req.session, "endpoint": "chat" if chat else "completions",
             "stream": stream, "arrival_wall_ns": req.arrival_wall_ns, "arrival_ns": req.arrival_ns,
+            "received_ns": req.received_ns or None,
             "headers_ns": headers_ns or None, "scheduled_ns": req.scheduled_ns or None, "first_chunk_ns": first,
             "chunks": chunks, "prompt_tokens": req.prompt_len, "cached_tokens_device": req.cached_device,
             "cached_tokens_host": req.cached_host, "completion_tokens": req.num_out, "max_tokens": req.max_tokens,

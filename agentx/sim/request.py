@@ -22,6 +22,7 @@ class SimRequest:
     eos_at: int | None = None  # output length at which a sampled EOS stops it (no ignore_eos)
     session: str | None = None
     arrival_ns: int = 0  # perf_counter_ns at arrival
+    received_ns: int = 0  # perf_counter_ns when its first bytes were read off the socket (rxstamp)
     arrival_wall_ns: int = 0  # time_ns at arrival
 
     # engine state

@@ -20,15 +20,18 @@ async def serve(cfg: SimConfig, ready=None, stop_event: asyncio.Event | None = N
     app = sim.build_app()
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
     await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=4096, reuse_address=True)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001 (port 0 -> the chosen one)
+    # our own listener instead of web.TCPSite: its protocol stamps when each request's bytes
+    # were read (rxstamp), before aiohttp queues the request for a handler task
+    listener = await asyncio.get_running_loop().create_server(
+        sim.rx.factory(runner.server), cfg.host, cfg.port, backlog=4096, reuse_address=True)
+    port = listener.sockets[0].getsockname()[1]  # port 0 -> the chosen one
     if ready is not None:
         ready(port, sim)
     stop_event = stop_event or asyncio.Event()
     try:
         await stop_event.wait()
     finally:
+        listener.close()
         await runner.cleanup()
 
 

@@ -446,27 +446,55 @@ def table(cases: list[Case]) -> str:
     return "\n".join(rows)
 
 
-def detail(cases: list[Case]) -> str:
-    """True vs reported values, where the TTFT error comes from, and the client's own view."""
+def true_vs_reported(cases: list[Case]) -> str:
+    """What the server really did next to what each client reported."""
     rows = ["| client | lanes | TTFT true / reported p50 ms | TTFT true / reported p99 ms "
-            "| read by server − send p50 / p99 ms | server front-end queue p50 / p99 ms "
-            "| chunk ITL true p50 / p99 ms "
-            "| TPOT true p50 ms | client cpu | loop lag p99 ms | core wait ms/s | client-bound |",
-            "|---|---:|---|---|---|---|---|---|---:|---:|---:|---|"]
+            "| chunk ITL true / reported p50 ms | chunk ITL true / reported p99 ms "
+            "| TPOT true / reported p50 ms | TPOT true / reported p99 ms |",
+            "|---|---:|---|---|---|---|---|---|"]
+    for c in cases:
+        r = c.result
+        cells = []
+        for k, nd in (("ttft", 1), ("itl", 2), ("tpot", 3)):
+            for q in ("p50", "p99"):
+                cells.append(f"{_f(r[k + '_true'][q], nd)} / {_f(r[k + '_reported'][q], nd)}")
+        rows.append(f"| {c.label} | {c.conc} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def detail(cases: list[Case]) -> str:
+    """Where the TTFT error comes from, and the client's own view of itself."""
+    rows = ["| client | lanes | read by server − send p50 / p99 ms "
+            "| server front-end queue p50 / p99 ms "
+            "| client cpu | loop lag p99 ms | core wait ms/s | client-bound |",
+            "|---|---:|---|---|---:|---:|---:|---|"]
     for c in cases:
         r = c.result
         a = r.get("agentx") or {}
         ours = c.client == "agentx"
         rows.append(
-            f"| {c.label} | {c.conc} | {_f(r['ttft_true']['p50'])} / "
-            f"{_f(r['ttft_reported']['p50'])} | {_f(r['ttft_true']['p99'])} / "
-            f"{_f(r['ttft_reported']['p99'])} | {_pair(r['send_lag'], 1, True)} "
-            f"| {_pair(r['server_front'], 1)} | {_pair(r['itl_true'], 2)} | {_f(r['tpot_true']['p50'], 3)} "
+            f"| {c.label} | {c.conc} | {_pair(r['send_lag'], 1, True)} "
+            f"| {_pair(r['server_front'], 1)} "
             f"| {_f(a.get('cpu_util'), 2) if ours else '-'} "
             f"| {_f((a.get('loop_lag_ms') or {}).get('p99'), 2) if ours else '-'} "
             f"| {_f(a.get('runqueue_wait_ms_per_s'), 1) if ours else '-'} "
             f"| {('yes' if a.get('client_bound') else 'no') if ours else '-'} |")
     return "\n".join(rows)
+
+
+def report(cases: list[Case]) -> str:
+    return "\n\n".join((table(cases), true_vs_reported(cases), detail(cases)))
+
+
+def from_json(path: str) -> list[Case]:
+    """Cases saved by --json, to print their tables again."""
+    out = []
+    for d in orjson.loads(Path(path).read_bytes()):
+        meta = ("client", "label", "conc", "workers", "client_cpus")
+        c = Case(d["client"], d["conc"], d["workers"], d["client_cpus"], d["label"])
+        c.result = {k: v for k, v in d.items() if k not in meta}
+        out.append(c)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -498,7 +526,12 @@ def main(argv: list[str] | None = None) -> int:
                         "simulator, --workers 1 vs auto")
     p.add_argument("--work-dir", default=None, help="keep logs, truth logs and records here")
     p.add_argument("--json", default=None, help="write all results to this JSON file")
+    p.add_argument("--from-json", default=None, metavar="FILE",
+                   help="measure nothing: print the tables of a run saved with --json")
     args = p.parse_args(argv)
+    if args.from_json:
+        print(report([c for c in from_json(args.from_json) if "error" not in c.result]))
+        return 0
     concs = [int(x) for x in args.conc.split(",") if x.strip()]
     if args.priority == "nice":
         PRIORITY[:] = ["nice", "-n", "-10"]
@@ -547,9 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {c.label} conc {c.conc}: {time.monotonic() - t:.0f} s", flush=True)
     done = [c for c in cases if "error" not in c.result]
     print()
-    print(table(done))
-    print()
-    print(detail(done))
+    print(report(done))
     for c in cases:
         if "error" in c.result:
             print(f"{c.label} conc {c.conc}: failed: {c.result['error']} (logs in {work})")

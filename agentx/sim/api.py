@@ -179,7 +179,7 @@ class SimServer:
 
     async def tokenize(self, request: web.Request) -> web.Response:
         try:
-            body = await self._body(request)
+            body, _ = await self._body(request)
             self._check_model(body)
             if "messages" in body:
                 ids, _ = self._chat_ids(body, body.get("add_generation_prompt", True))
@@ -197,7 +197,7 @@ class SimServer:
 
     async def detokenize(self, request: web.Request) -> web.Response:
         try:
-            body = await self._body(request)
+            body, _ = await self._body(request)
             toks = body.get("tokens")
             if not isinstance(toks, list) or not all(isinstance(t, int) for t in toks):
                 raise BadRequest(P.bad_field("tokens", "list_type", "Input should be a valid list of integers", toks))
@@ -206,16 +206,17 @@ class SimServer:
         return _json(orjson.dumps({"prompt": self.enc.tok.decode(toks)}))
 
     # ------------------------------------------------------------ request parsing
-    async def _body(self, request: web.Request) -> dict:
+    async def _body(self, request: web.Request) -> tuple[dict, int | None]:
+        """The JSON body, and when its first bytes were read (claimed now that all are)."""
         raw = await request.read()
-        request["received_ns"] = self.rx.take(request.transport)
+        received_ns = self.rx.take(request.transport)
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
             raise BadRequest(P.error_body(400, f"JSON decode error: {e}", param="body")) from None
         if not isinstance(body, dict):
             raise BadRequest(P.bad_field("", "dict_type", "Input should be a valid dictionary", body))
-        return body
+        return body, received_ns
 
     def _check_model(self, body: dict) -> None:
         m = body.get("model")
@@ -289,7 +290,7 @@ class SimServer:
         arrival_ns, arrival_wall = time.perf_counter_ns(), time.time_ns()
         hdr_rid = request.headers.get("X-Request-ID")  # case-insensitive lookup
         try:
-            body = await self._body(request)
+            body, received_ns = await self._body(request)
             self._check_model(body)
             thinking = False
             if chat:
@@ -304,7 +305,7 @@ class SimServer:
             reqs = [self._new_request(body, ids, base if i == 0 else f"{base}-{i}", session, arrival_ns, arrival_wall)
                     for i, ids in enumerate(prompts)]
             for r in reqs:
-                r.received_ns = request.get("received_ns") or 0
+                r.received_ns = received_ns or 0
             stream = bool(body.get("stream", False))
             so = body.get("stream_options") or {}
             if not isinstance(so, dict):

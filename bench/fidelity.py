@@ -432,54 +432,46 @@ def _pair(d: dict, nd: int = 1, sign: bool = False) -> str:
     return f"{_f(d.get('p50'), nd, sign)} / {_f(d.get('p99'), nd, sign)}"
 
 
+def _md(cols: list[str], numeric: int, rows: list[list[str]]) -> str:
+    """A markdown table; columns 1..numeric (after the label) are right-aligned."""
+    align = ["---"] + ["---:"] * numeric + ["---"] * (len(cols) - 1 - numeric)
+    return "\n".join("| " + " | ".join(r) + " |" for r in [cols, align, *rows])
+
+
 def table(cases: list[Case]) -> str:
     """The issue's table: errors of what each client reported, against the server's truth."""
-    rows = ["| client | lanes | streams open (mean) | TTFT error p50 / p99 ms "
-            "| chunk ITL error p50 / p99 ms | TPOT error p50 / p99 ms |",
-            "|---|---:|---:|---|---|---|"]
-    for c in cases:
-        r = c.result
-        rows.append(
-            f"| {c.label} | {c.conc} | {_f(r.get('streams_open'), 1)} "
-            f"({_f(100 * r['streams_open'] / c.conc, 0)}%) | {_pair(r['ttft_err'], 1, True)} "
-            f"| {_pair(r['itl_err'], 2, True)} | {_pair(r['tpot_err'], 3, True)} |")
-    return "\n".join(rows)
+    return _md(["client", "lanes", "streams open (mean)", "TTFT error p50 / p99 ms",
+                "chunk ITL error p50 / p99 ms", "TPOT error p50 / p99 ms"], 2,
+               [[c.label, str(c.conc),
+                 f"{_f(c.result.get('streams_open'), 1)} "
+                 f"({_f(100 * c.result['streams_open'] / c.conc, 0)}%)",
+                 _pair(c.result["ttft_err"], 1, True), _pair(c.result["itl_err"], 2, True),
+                 _pair(c.result["tpot_err"], 3, True)] for c in cases])
 
 
 def true_vs_reported(cases: list[Case]) -> str:
     """What the server really did next to what each client reported."""
-    rows = ["| client | lanes | TTFT true / reported p50 ms | TTFT true / reported p99 ms "
-            "| chunk ITL true / reported p50 ms | chunk ITL true / reported p99 ms "
-            "| TPOT true / reported p50 ms | TPOT true / reported p99 ms |",
-            "|---|---:|---|---|---|---|---|---|"]
-    for c in cases:
-        r = c.result
-        cells = []
-        for k, nd in (("ttft", 1), ("itl", 2), ("tpot", 3)):
-            for q in ("p50", "p99"):
-                cells.append(f"{_f(r[k + '_true'][q], nd)} / {_f(r[k + '_reported'][q], nd)}")
-        rows.append(f"| {c.label} | {c.conc} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+    kinds = (("TTFT", "ttft", 1), ("chunk ITL", "itl", 2), ("TPOT", "tpot", 3))
+    cols = [f"{name} true / reported {q} ms" for name, _, _ in kinds for q in ("p50", "p99")]
+    return _md(["client", "lanes", *cols], 1,
+               [[c.label, str(c.conc)]
+                + [f"{_f(c.result[k + '_true'][q], nd)} / {_f(c.result[k + '_reported'][q], nd)}"
+                   for _, k, nd in kinds for q in ("p50", "p99")] for c in cases])
 
 
 def detail(cases: list[Case]) -> str:
-    """Where the TTFT error comes from, and the client's own view of itself."""
-    rows = ["| client | lanes | read by server − send p50 / p99 ms "
-            "| server front-end queue p50 / p99 ms "
-            "| client cpu | loop lag p99 ms | core wait ms/s | client-bound |",
-            "|---|---:|---|---|---:|---:|---:|---|"]
+    """Where the TTFT error comes from, and the client's own view of itself (agentx only)."""
+    rows = []
     for c in cases:
-        r = c.result
-        a = r.get("agentx") or {}
-        ours = c.client == "agentx"
-        rows.append(
-            f"| {c.label} | {c.conc} | {_pair(r['send_lag'], 1, True)} "
-            f"| {_pair(r['server_front'], 1)} "
-            f"| {_f(a.get('cpu_util'), 2) if ours else '-'} "
-            f"| {_f((a.get('loop_lag_ms') or {}).get('p99'), 2) if ours else '-'} "
-            f"| {_f(a.get('runqueue_wait_ms_per_s'), 1) if ours else '-'} "
-            f"| {('yes' if a.get('client_bound') else 'no') if ours else '-'} |")
-    return "\n".join(rows)
+        r, a = c.result, c.result.get("agentx") or {}
+        own = ([_f(a.get("cpu_util"), 2), _f((a.get("loop_lag_ms") or {}).get("p99"), 2),
+                _f(a.get("runqueue_wait_ms_per_s"), 1), "yes" if a.get("client_bound") else "no"]
+               if c.client == "agentx" else ["-"] * 4)
+        rows.append([c.label, str(c.conc), _pair(r["send_lag"], 1, True),
+                     _pair(r["server_front"], 1), *own])
+    return _md(["client", "lanes", "read by server − send p50 / p99 ms",
+                "server front-end queue p50 / p99 ms", "client cpu", "loop lag p99 ms",
+                "core wait ms/s", "client-bound"], 1, rows)
 
 
 def report(cases: list[Case]) -> str:

@@ -61,11 +61,12 @@ class RequestRecord:
 
 
 class RecordWriter:
-    """Appends records to requests.jsonl, one flushed line each."""
+    """Writes this run's records to requests.jsonl, one flushed line each (a file left by
+    an earlier run in the same output directory is replaced, not appended to)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = path
-        self._f: IO[bytes] = open(path, "ab")
+        self._f: IO[bytes] = open(path, "wb")
         self.count = 0
 
     def write(self, rec: RequestRecord) -> None:

@@ -121,7 +121,7 @@ def run(cfg: RunConfig) -> dict:
     sim = None
     if cfg.base_url is None:
         from .sim.config import SimConfig
-        from .sim.embedded import start_in_thread
+        from .sim.embedded import start_in_process
 
         known = {f.name for f in dataclasses.fields(SimConfig)}
         for k in cfg.sim:
@@ -132,7 +132,7 @@ def run(cfg: RunConfig) -> dict:
         if cfg.api_key:
             sim_cfg.api_key = cfg.api_key
         sim_cfg.validate()
-        sim = start_in_thread(sim_cfg)
+        sim = start_in_process(sim_cfg)
     try:
         base = sim.base_url if sim else cfg.base_url
         return _run_loop(run_async(cfg, base, embedded=sim is not None))
@@ -318,11 +318,10 @@ def _scraper(base_url: str, interval: float, headers: dict):
     """Scrapes use their own session so they never queue behind benchmark requests."""
     if interval <= 0:
         return None
-    from .metrics.scraper import MetricsScraper
+    from .metrics.scraper import ScraperThread
 
     auth = {k: v for k, v in headers.items() if k == "Authorization"}
-    return MetricsScraper(None, base_url.rstrip("/") + "/metrics", interval_s=interval,
-                          headers=auth)
+    return ScraperThread(base_url.rstrip("/") + "/metrics", interval_s=interval, headers=auth)
 
 
 def _install_signals(loop: asyncio.AbstractEventLoop, stop, force) -> None:

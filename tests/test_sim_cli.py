@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -78,3 +79,33 @@ def test_standalone_serves_and_stops_on_sigterm():
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=10)
     assert p.returncode == 0
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_embedded_sim_process_serves_and_dies_with_its_parent():
+    """`agentx run`'s simulator process (start_in_process) must not outlive a client that
+    was killed outright: its stdin, the lifeline, closes and it stops."""
+    code = ("import time; from agentx.sim.config import SimConfig; "
+            "from agentx.sim.embedded import start_in_process; "
+            "s = start_in_process(SimConfig(profile='cpu-tiny')); "
+            "print(s.port, s._proc.pid, flush=True); time.sleep(120)")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=REPO)
+    try:
+        port, child = map(int, p.stdout.readline().split())
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
+            assert json.loads(r.read())["data"]
+        assert _running(child)
+    finally:
+        p.kill()
+        p.wait()
+    deadline = time.time() + 10
+    while _running(child) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _running(child)

@@ -1,6 +1,10 @@
-"""The simulator in-process: its own event loop in a background thread, on 127.0.0.1:<free port>.
+"""The simulator beside the client, on 127.0.0.1:<free port>.
 
-`bench.py` uses it when no --base-url is given; tests use it as a real HTTP server.
+`start_in_process` (what `agentx run` / `bench.py` use when no --base-url is given) runs it in
+a child process: a simulator thread in the client's process would hold the client's GIL while
+it steps, delaying the client's timestamps by milliseconds, and the run would rightly be
+flagged `client-bound`. `start_in_thread` keeps it in this process, for tests that inspect
+the SimServer object:
     with start_in_thread(SimConfig(profile="cpu-tiny", time_scale=100)) as sim:
         requests go to sim.base_url
 """
@@ -8,6 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
 import threading
 
 from .config import SimConfig
@@ -93,3 +103,94 @@ def start_in_thread(cfg: SimConfig) -> EmbeddedSim:
     """Start a simulator on 127.0.0.1 and a free port (cfg.host/port are overridden)."""
     cfg = dataclasses.replace(cfg, host="127.0.0.1", port=0)
     return EmbeddedSim(cfg).start()
+
+
+class SimProcess:
+    """Handle of a simulator running in a child process (same interface as EmbeddedSim).
+
+    A plain `python -c` child, not multiprocessing: nothing re-imports the caller's main
+    module, so a script calling `agentx.run.run()` needs no `__main__` guard. The config goes
+    over the child's stdin, which then stays open as its lifeline: closing it (stop(), or this
+    process dying) stops the child; it answers `ready PORT` on stdout."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.port = 0
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.cfg.host}:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> "SimProcess":
+        self._proc = p = subprocess.Popen(
+            [sys.executable, "-c", "from agentx.sim.embedded import _child_main; _child_main()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        blob = pickle.dumps(self.cfg)
+        p.stdin.write(struct.pack("<Q", len(blob)) + blob)
+        p.stdin.flush()
+        ready, _, _ = select.select([p.stdout], [], [], timeout)
+        line = p.stdout.readline().decode(errors="replace").strip() if ready else ""
+        kind, _, value = line.partition(" ")
+        if kind != "ready":
+            self.stop()
+            raise RuntimeError("embedded simulator failed to start: "
+                               + (value or line or "no answer in time"))
+        self.port = int(value)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop it cleanly (its truth log is closed before this returns); idempotent."""
+        p = self._proc
+        if p is None or p.returncode is not None:
+            return
+        try:
+            p.stdin.close()
+        except OSError:
+            pass
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        p.stdout.close()
+
+    def __enter__(self) -> "SimProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _child_main() -> None:
+    """The child: read the config, serve until stdin closes. SIGINT is the parent's to handle
+    (a Ctrl-C drains the run's in-flight requests, which still need the server)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from .server import serve
+
+    src, out = sys.stdin.buffer, sys.stdout
+    (n,) = struct.unpack("<Q", src.read(8))
+    cfg = pickle.loads(src.read(n))
+    closed = threading.Event()
+    threading.Thread(target=lambda: (src.read(), closed.set()), daemon=True).start()
+
+    def ready(port: int, _sim) -> None:
+        out.write(f"ready {port}\n")
+        out.flush()
+
+    loop = new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(serve(cfg, ready, watch=closed.is_set))
+    except Exception as e:  # noqa: BLE001 (the parent raises it)
+        out.write(f"error {type(e).__name__}: {e}\n".replace("\n", " ").rstrip() + "\n")
+        out.flush()
+        raise SystemExit(1) from None
+    finally:
+        loop.close()
+
+
+def start_in_process(cfg: SimConfig) -> SimProcess:
+    """Start a simulator process on 127.0.0.1 and a free port (cfg.host/port are overridden)."""
+    cfg = dataclasses.replace(cfg, host="127.0.0.1", port=0)
+    return SimProcess(cfg).start()

@@ -14,8 +14,10 @@ from .config import SimConfig
 __all__ = ["SimServer", "serve", "run"]
 
 
-async def serve(cfg: SimConfig, ready=None, stop_event: asyncio.Event | None = None) -> None:
-    """Run until `stop_event` is set; `ready(port, sim)` is called once the socket listens."""
+async def serve(cfg: SimConfig, ready=None, stop_event: asyncio.Event | None = None,
+                watch=None) -> None:
+    """Run until `stop_event` is set, or `watch()` (polled every 0.1 s) returns true;
+    `ready(port, sim)` is called once the socket listens."""
     sim = SimServer(cfg)
     app = sim.build_app()
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
@@ -28,11 +30,20 @@ async def serve(cfg: SimConfig, ready=None, stop_event: asyncio.Event | None = N
     if ready is not None:
         ready(port, sim)
     stop_event = stop_event or asyncio.Event()
+    poll = asyncio.create_task(_poll(watch, stop_event)) if watch is not None else None
     try:
         await stop_event.wait()
     finally:
+        if poll is not None:
+            poll.cancel()
         listener.close()
         await runner.cleanup()
+
+
+async def _poll(watch, stop_event: asyncio.Event) -> None:
+    while not watch():
+        await asyncio.sleep(0.1)
+    stop_event.set()
 
 
 def run(cfg: SimConfig) -> int:

@@ -28,10 +28,10 @@ from .offload import OffloadTier
 from .profile import Resolved, resolve
 from .prompt import PromptEncoder, output_words
 from .request import SimRequest
+from .rxstamp import ReceiveStamps
 from .specdec import Acceptance, default_rates, rates_from_length
 from .stats import EngineStats
 from .timing import StepTiming
-from .rxstamp import ReceiveStamps
 from .truthlog import TruthLog
 
 JSON = "application/json"

@@ -17,6 +17,17 @@ REAL_TRACES = SHARED / "traces" / "claude-code-traces.tar.xz"
 
 
 @pytest.fixture(scope="session")
+def real_stats() -> dict:
+    """`trace_stats` of the 533 real sessions, computed once per test run."""
+    if not REAL_TRACES.is_file():
+        pytest.skip("../shared/traces/claude-code-traces.tar.xz not present")
+    from agentx.trace.load import load_traces
+    from agentx.trace.stats import trace_stats
+
+    return trace_stats(load_traces(str(REAL_TRACES)))
+
+
+@pytest.fixture(scope="session")
 def samples_dir() -> Path:
     if not SAMPLES.is_dir():
         pytest.skip("../shared/vllm-samples not present")

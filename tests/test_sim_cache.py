@@ -12,7 +12,6 @@ import hashlib
 import json
 import tarfile
 from collections import OrderedDict
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -24,7 +23,7 @@ from agentx.sim.embedded import start_in_thread
 from agentx.sim.kvcache import PrefixCacheModel, chain_keys
 from agentx.sim.rawclient import post_stream
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "claude-code-traces.tar.xz"
+from conftest import REAL_TRACES as TRACES
 
 
 class ReferenceLRU:

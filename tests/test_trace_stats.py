@@ -3,17 +3,13 @@ real 533-session set against the figures in FACTS §1."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from agentx.cli import main
-from agentx.trace.load import load_traces
 from agentx.trace.model import Subagent, Trace, TraceSet, Turn
 from agentx.trace.stats import lru_hit_rate, session_hits, trace_stats
 
-REAL = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / \
-    "claude-code-traces.tar.xz"
 
 
 def T(n_in: int, ids: list[int], out: int = 5, think: float = 0.0, api: float | None = 1.0
@@ -131,13 +127,6 @@ def test_cli_stats_json_and_table(tmp_path, capsys):
 
 
 # -- the real traces against FACTS §1 ---------------------------------------------------------
-@pytest.fixture(scope="module")
-def real_stats() -> dict:
-    if not REAL.is_file():
-        pytest.skip("../shared/traces/claude-code-traces.tar.xz not present")
-    return trace_stats(load_traces(str(REAL)))
-
-
 def test_real_infinite_cache_hit_rate_matches_facts(real_stats):
     """FACTS §1: in-session prefix hit rate with an infinite cache 82% / 95.5% / 97.9% / 99.0%,
     mean 92.8% (per session). Within 1 point."""

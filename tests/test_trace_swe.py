@@ -24,7 +24,6 @@ from agentx.trace.stats import trace_stats
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "traces" / "swe.tar.xz"
-REAL = REPO.parent / "shared" / "traces" / "claude-code-traces.tar.xz"
 
 # acceptance: p50 within ±15 %, p90 within ±20 % of the real set
 SHAPE_KEYS = ("turns_per_session", "first_prompt_tokens", "last_prompt_tokens",
@@ -41,13 +40,6 @@ def swe_stats() -> tuple[dict, float]:
     ts = load_traces("swe")
     load_s = time.process_time() - t0
     return trace_stats(ts), load_s
-
-
-@pytest.fixture(scope="module")
-def real_stats() -> dict:
-    if not REAL.is_file():
-        pytest.skip("../shared/traces/claude-code-traces.tar.xz not present")
-    return trace_stats(load_traces(str(REAL)))
 
 
 def test_shipped_file_is_small_and_loads_fast(swe_stats):

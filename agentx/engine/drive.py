@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 import socket
-import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -26,8 +25,6 @@ from .cache_model import PrefixLRU
 from .lanes import Engine, EngineConfig
 from .selfmon import LoopLagSampler
 from .sender import ChatSender, TokenIdsSender
-
-SWITCH_INTERVAL_S = 0.0005  # interpreter switch interval while lanes run (see drive())
 
 
 @dataclass
@@ -123,17 +120,11 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
         # A full collection walks every tracked object: with the real traces loaded that is
         # ~1 s during which no timestamp is taken. Frozen objects are never walked.
         gc.freeze()
-        # Another thread of this process (the /metrics scraper, a live display) holds the
-        # interpreter up to the switch interval (5 ms by default) before this loop gets it
-        # back to stamp a chunk; 0.5 ms bounds that wait.
-        switch = sys.getswitchinterval()
-        sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
         lag.start()
         try:
             await engine.run(spec.t0_ns)
         finally:
             await lag.stop()
-            sys.setswitchinterval(switch)
             writer.close()
             gc.unfreeze()
     st = engine.stats

@@ -26,7 +26,6 @@ from ..trace.model import Subagent, Trace, Turn
 from .cache_model import PrefixLRU
 
 perf_ns = time.perf_counter_ns
-OFFLOAD_BLOCKS = 128  # turns generating more new blocks (~0.8 ms) are built on a thread
 
 
 @dataclass
@@ -166,7 +165,7 @@ class Engine:
                 continue
             turn_no += 1
             if turn_no < start_turn - 1 or (turn_no == start_turn - 1 and not self.cfg.prime):
-                prepared = await self._build(conv, step, turn_no)  # history only, not sent
+                prepared = conv.next_turn(step, turn_no)  # history only, not sent
                 conv.answered(prepared.max_tokens)
                 continue
             prime = turn_no == start_turn - 1
@@ -176,15 +175,6 @@ class Engine:
                     return
             await self._request(lane, conv, step, turn_no, sid, trace.id, subagent, prime, sent)
             sent = True
-
-    @staticmethod
-    async def _build(conv: Conversation, step: Turn, turn_no: int) -> PreparedTurn:
-        """The turn's messages. A first turn or a compaction of a long session generates
-        thousands of blocks (10-60 ms): done on a thread, so this loop goes on stamping the
-        other lanes' chunks meanwhile (drive() bounds its wait for the interpreter)."""
-        if conv.new_blocks(step) > OFFLOAD_BLOCKS:
-            return await asyncio.to_thread(conv.next_turn, step, turn_no)
-        return conv.next_turn(step, turn_no)
 
     async def _subagents(self, lane: int, step: Subagent, instance: str) -> None:
         child = f"{instance}.{step.agent_id}"
@@ -207,7 +197,7 @@ class Engine:
             self.stop("max_requests")
             return
         intended = perf_ns()
-        prepared = await self._build(conv, step, turn_no)
+        prepared = conv.next_turn(step, turn_no)
         pool_hit_blocks = self.cache_model.observe(conv.block_keys(step.hash_ids))
         expected = prepared.expected_cached if warm else 0
         if pool_hit_blocks is not None:  # the server's pool is known: LRU through it

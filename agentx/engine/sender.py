@@ -7,7 +7,6 @@
 """
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 import orjson
@@ -15,10 +14,6 @@ import orjson
 from ..client.http import ClientConfig, HTTPClient, chat_body, completion_body, stream_request
 from ..prompt.synth import Conversation, PreparedTurn
 from ..records import RequestRecord
-
-# bodies of longer prompts (~0.4 MB and up, ~0.5 ms of orjson) are serialised on a thread, so
-# the event loop keeps stamping other streams' chunks meanwhile
-OFFLOAD_TOKENS = 100_000
 
 
 @dataclass
@@ -34,11 +29,9 @@ class ChatSender:
     async def send(self, conv: Conversation, turn: PreparedTurn, rec: RequestRecord) -> str | None:
         # the body goes straight in (no local name) so it is freed once the response starts
         headers = {"X-Request-ID": rec.request_id, "X-Session-ID": rec.session_id}
-        body = chat_body(self.cfg, turn.messages, turn.max_tokens)
         return await stream_request(
-            self.session, self.url,
-            (await asyncio.to_thread(orjson.dumps, body)) if turn.intended_in > OFFLOAD_TOKENS
-            else orjson.dumps(body),
+            self.session, self.url, orjson.dumps(chat_body(self.cfg, turn.messages,
+                                                           turn.max_tokens)),
             rec, headers, self.keep_text)
 
 

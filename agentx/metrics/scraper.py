@@ -6,9 +6,7 @@ and the run goes on; the validator reports missing metrics instead.
 
 A scrape costs 10-40 ms of Python (HTTP, then parsing a 50 KB page), which on the
 event loop that timestamps streamed tokens delays every chunk arriving meanwhile.
-``ScraperThread`` runs a scraper on an event loop of its own thread instead; with the
-interpreter's switch interval lowered while lanes run (``engine.drive``), the benchmark
-loop waits at most ~0.5 ms for the interpreter when it has work.
+``ScraperThread`` runs a scraper on an event loop of its own thread instead.
 """
 from __future__ import annotations
 

@@ -118,14 +118,6 @@ class Conversation:
                 + sum(self.content_tokens))
 
     # -- the public step ------------------------------------------------------------------
-    def new_blocks(self, turn: Turn) -> int:
-        """Blocks `next_turn(turn)` must generate (its cost: ~6 µs each); history is reused
-        unless this is the first turn or a compaction."""
-        common = common_prefix(self.prev_ids, turn.hash_ids)
-        if not self.messages or common * 2 < len(self.prev_ids):
-            return len(turn.hash_ids)
-        return len(turn.hash_ids) - common
-
     def next_turn(self, turn: Turn, index: int) -> PreparedTurn:
         """Messages for `turn` (the session's index-th request); call `answered` after it."""
         tm, bs = self.model, self.trace.block_size

@@ -16,7 +16,6 @@ import secrets
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,109 +29,20 @@ from .engine.workers import WorkerPool, auto_workers, merge_records, usable_core
 from .errors import InputError
 from .metrics.server_metrics import kv_pool
 from .metrics.summary import dist, summarize
-from .prompt.synth import SHARED_PREFIX_MODES
 from .prompt.token_model import TokenModel, builtin_model, hf_model
 from .records import read_records
+from .config import RunConfig, default_output_dir
 from .trace.load import load_traces
 from .trace.model import TraceSet
 
-SECRET_FIELDS = ("api_key",)
-
-
-@dataclass
-class RunConfig:
-    trace: str = "swe"
-    conc: int = 8
-    duration_s: float | None = 60.0
-    max_requests: int | None = None
-    warmup_s: float = 0.0
-    seed: int = 0
-    think_scale: float = 1.0
-    max_think_s: float = 300.0
-    start_min: float = 0.25
-    start_max: float = 0.75
-    drain_timeout_s: float = 30.0
-    # target
-    base_url: str | None = None  # None: the embedded simulator
-    model: str | None = None
-    api_key: str | None = None
-    timeout_s: float = 600.0
-    thinking: str | None = None  # on | off
-    extra_body: dict = field(default_factory=dict)
-    # synthesis
-    tokenizer: str | None = None  # local HF tokenizer dir: client-side template, token ids
-    context_scale: float = 1.0
-    shared_prefix: str = "none"
-    live_history: bool = False
-    warm_cache: bool = False
-    no_cache_salt: bool = False
-    # output
-    output_dir: str | None = None
-    gpus: int | None = None
-    progress: bool = True
-    scrape_interval_s: float = 5.0
-    validate: str = "warn"  # strict | warn | off
-    expect_al: float | None = None
-    al_tolerance: float = 0.05
-    expect_offload: bool = False
-    loop_lag_threshold_ms: float | None = None
-    # embedded simulator options (SimConfig field -> value), used when base_url is None
-    sim: dict = field(default_factory=dict)
-    workers: str = "1"  # number of client processes, or "auto"
-    ray: str | None = None  # Ray address: worker processes become actors across hosts
-
-    def check(self) -> None:
-        def bad(name: str, msg: str) -> None:
-            raise InputError("command line", msg, field=f"--{name.replace('_', '-')}")
-
-        if self.conc < 1:
-            bad("conc", "must be >= 1")
-        if self.shared_prefix not in SHARED_PREFIX_MODES:
-            bad("shared_prefix", f"must be one of {', '.join(SHARED_PREFIX_MODES)}")
-        if self.thinking not in (None, "on", "off"):
-            bad("thinking", "must be on or off")
-        if self.validate not in ("strict", "warn", "off"):
-            bad("validate", "must be strict, warn or off")
-        if not 0 <= self.start_min <= self.start_max <= 1:
-            bad("start_range", "must satisfy 0 <= min <= max <= 1")
-        if self.context_scale <= 0:
-            bad("context_scale", "must be > 0")
-        if self.duration_s is None and self.max_requests is None:
-            bad("duration", "give --duration or --max-requests (a run must be bounded)")
-
-    def public(self) -> dict:
-        """The config as recorded in results: everything to rerun, no secrets."""
-        d = dataclasses.asdict(self)
-        for k in SECRET_FIELDS:
-            if d.get(k):
-                d[k] = "<redacted>"
-        return d
-
-
-def default_output_dir(cfg: RunConfig) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    name = Path(cfg.trace).name.split(".")[0]
-    return Path("results") / f"{stamp}-{name}-c{cfg.conc}"
-
-
 def run(cfg: RunConfig) -> dict:
     """Run synchronously (own event loop; uvloop when installed). Returns the summary."""
-    cfg.check()
     sim = None
     if cfg.base_url is None:
-        from .sim.config import SimConfig
         from .sim.embedded import start_in_process
 
-        known = {f.name for f in dataclasses.fields(SimConfig)}
-        for k in cfg.sim:
-            if k not in known:
-                raise InputError("command line", f"unknown simulator option {k!r}",
-                                 field="--sim-opt")
-        sim_cfg = SimConfig(**{**cfg.sim, "port": 0})
-        if cfg.api_key:
-            sim_cfg.api_key = cfg.api_key
-        sim_cfg.validate()
-        sim = start_in_process(sim_cfg)
+        sim = start_in_process(cfg.sim.model_copy(update={"port": 0,
+                                                          "api_key": cfg.secret_key()}))
     try:
         base = sim.base_url if sim else cfg.base_url
         return _run_loop(run_async(cfg, base, embedded=sim is not None))
@@ -157,9 +67,9 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) ->
     run_salt = secrets.token_hex(8)
     run_ns = f"seed{cfg.seed}" if cfg.warm_cache else run_salt
     ccfg = ClientConfig(base_url=base_url, model=cfg.model or "", timeout_s=cfg.timeout_s,
-                        api_key=cfg.api_key or os.environ.get("OPENAI_API_KEY"),
+                        api_key=cfg.secret_key(),
                         thinking=cfg.thinking, extra_body=cfg.extra_body,
-                        cache_salt=None if (cfg.warm_cache or cfg.no_cache_salt) else run_salt)
+                        cache_salt=None if (cfg.warm_cache or not cfg.cache_salt) else run_salt)
     async with make_session(ccfg, 1) as session:
         try:
             model, max_model_len = await first_model(session, base_url)
@@ -181,7 +91,7 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) ->
     lanes = split_lanes(cfg.conc, n_workers)
     budgets = split_count(cfg.max_requests, [len(x) for x in lanes])
     requests_path = out / "requests.jsonl"
-    specs = [DriveSpec(run=dataclasses.asdict(cfg), client=ccfg, lanes=lanes[w],
+    specs = [DriveSpec(run=cfg, client=ccfg, lanes=lanes[w],
                        max_requests=budgets[w],
                        records_path=str(out / f"requests.w{w}.jsonl" if pooled
                                         else requests_path),
@@ -213,7 +123,7 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) ->
 
 
 def resolve_workers(cfg: RunConfig, embedded: bool) -> int:
-    if str(cfg.workers) == "auto":
+    if cfg.workers == "auto":
         if cfg.ray:
             from .engine.ray_backend import cluster_cpus, connect
 
@@ -226,13 +136,7 @@ def resolve_workers(cfg: RunConfig, embedded: bool) -> int:
               f"({cores} {where}{', 1 kept for the embedded simulator' if embedded else ''})",
               file=sys.stderr)
         return n
-    try:
-        n = int(cfg.workers)
-    except ValueError:
-        raise InputError("command line", "must be a number or auto", field="--workers") from None
-    if n < 1:
-        raise InputError("command line", "must be >= 1", field="--workers")
-    return min(n, cfg.conc)
+    return min(cfg.workers, cfg.conc)
 
 
 async def _drive_here(cfg: RunConfig, spec: DriveSpec, tm: TokenModel,
@@ -385,7 +289,7 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
                 "max_model_len": max_model_len, "tokens": token_info,
                 "cache_salt": bool(ccfg.cache_salt), "python": platform.python_version(),
                 "host": platform.node()}
-    if cfg.validate != "off":
+    if cfg.validation != "off":
         s["validation"] = _validate(cfg, s)
     return s
 

@@ -81,7 +81,7 @@ def main() -> None:
                 cpu0 = time.process_time()
                 s = run(RunConfig(trace=str(trace), conc=conc, duration_s=args.duration,
                                   base_url=f"http://127.0.0.1:{port}", output_dir=str(out),
-                                  progress=False, scrape_interval_s=0, validate="off",
+                                  progress=False, scrape_interval_s=0, validation="off",
                                   drain_timeout_s=10))
                 cpu = time.process_time() - cpu0
                 recs = read_records(out / "requests.jsonl")

@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = pinned(args.client_cpus, [
         PY, "-c", BOOT, "agentx.run_cli", "run", "--base-url", f"http://127.0.0.1:{port}",
         "--trace", str(trace), "--conc", str(args.lanes), "--duration", str(args.duration),
-        "--start-range", "0.9,1.0", "--no-progress", "--scrape-interval", "5",
+        "--start-min", "0.9", "--start-max", "1.0", "--no-progress", "--scrape-interval", "5",
         "--validate", "off", "--output-dir", str(work / "out"), "--drain-timeout", "30"])
     t0 = time.monotonic()
     log = open(work / "client.log", "wb")

@@ -274,7 +274,7 @@ class Server:
         cmd = agentx_cmd("agentx.sim.cli", "serve-sim", "--host", "127.0.0.1",
                          "--port", str(self.port), "--fixed-ttft-ms", str(ttft_ms),
                "--fixed-itl-ms", str(itl_ms), "--truth-log", str(truth),
-               "--default-thinking", "off", "--profile", "cpu-tiny")
+               "--no-default-thinking", "--profile", "cpu-tiny")
         self.proc = subprocess.Popen(pinned(cpus, cmd, client=False), stdout=self._log,
                                      stderr=self._log, cwd=REPO)
         self._wait_ready()
@@ -313,7 +313,7 @@ def run_agentx(base: str | None, trace: Path, conc: int, duration: float, worker
     cmd = agentx_cmd("agentx.run_cli", "run", *target, "--trace", str(trace),
                      "--conc", str(conc), "--duration", str(duration), "--workers", workers,
                      "--no-progress", "--output-dir", str(out), "--seed", "1",
-                     "--start-range", "0,0", *extra)
+                     "--start-min", "0", "--start-max", "0", *extra)
     with open(out.with_suffix(".log"), "wb") as log:
         subprocess.run(pinned(cpus, cmd), stdout=log, stderr=log, cwd=REPO, check=True)
     return out / "requests.jsonl", json.loads((out / "summary.json").read_text())
@@ -376,9 +376,9 @@ def measure(case: Case, args: argparse.Namespace, work: Path) -> Case:
     truth.unlink(missing_ok=True)
     summary: dict = {}
     if case.embedded:  # the simulator inside the client process (no --base-url)
-        sim = ["--sim-profile", "cpu-tiny", "--sim-opt", f"fixed_ttft_ms={args.ttft_ms}",
-               "--sim-opt", f"fixed_itl_ms={args.itl_ms}", "--sim-opt", f"truth_log={truth}",
-               "--sim-opt", "default_thinking=false"]
+        sim = ["--sim-profile", "cpu-tiny", "--sim-fixed-ttft-ms", str(args.ttft_ms),
+               "--sim-fixed-itl-ms", str(args.itl_ms), "--sim-truth-log", str(truth),
+               "--no-sim-default-thinking"]
         recs_path, summary = run_agentx(None, args.trace, case.conc,
                                         duration_for(args, case.conc), case.workers,
                                         case.client_cpus, work / tag,

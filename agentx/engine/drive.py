@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..client.http import ClientConfig, make_session
+from ..config import RunConfig
 from ..plan import Planner
 from ..prompt.blocks import BlockFactory
 from ..prompt.synth import SynthConfig
@@ -32,7 +33,7 @@ class DriveSpec:
     """Everything a process needs to run its lanes (picklable; holds the API key in memory
     only, never written)."""
 
-    run: dict  # RunConfig fields
+    run: RunConfig
     client: ClientConfig
     lanes: list[int]
     max_requests: int | None
@@ -96,23 +97,23 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
     them (workers rebuild both from the spec)."""
     r = spec.run
     large_allocations_to_os()
-    traces = traces or load_traces(r["trace"])
-    tm = tm or token_model_from_info(spec.token_info, r["thinking"])
-    synth = SynthConfig(run_ns=spec.run_ns, shared_prefix=r["shared_prefix"],
-                        context_scale=r["context_scale"], live_history=r["live_history"],
+    traces = traces or load_traces(r.trace)
+    tm = tm or token_model_from_info(spec.token_info, r.thinking)
+    synth = SynthConfig(run_ns=spec.run_ns, shared_prefix=r.shared_prefix,
+                        context_scale=r.context_scale, live_history=r.live_history,
                         max_prompt_tokens=(spec.max_model_len - 16) if spec.max_model_len
                         else None)
-    ecfg = EngineConfig(conc=r["conc"], lanes=spec.lanes, duration_s=r["duration_s"],
-                        max_requests=spec.max_requests, warmup_s=r["warmup_s"],
-                        think_scale=r["think_scale"], max_think_s=r["max_think_s"],
-                        drain_timeout_s=r["drain_timeout_s"], max_model_len=spec.max_model_len)
+    ecfg = EngineConfig(conc=r.conc, lanes=spec.lanes, duration_s=r.duration_s,
+                        max_requests=spec.max_requests, warmup_s=r.warmup_s,
+                        think_scale=r.think_scale, max_think_s=r.max_think_s,
+                        drain_timeout_s=r.drain_timeout_s, max_model_len=spec.max_model_len)
     writer = RecordWriter(spec.records_path)
     lag = LoopLagSampler()
     async with make_session(spec.client, len(spec.lanes)) as session:
         sender_cls = TokenIdsSender if tm.kind == "hf" else ChatSender
-        sender = sender_cls(session, spec.client, keep_text=r["live_history"])
+        sender = sender_cls(session, spec.client, keep_text=r.live_history)
         cache_model = PrefixLRU(spec.pool_blocks)
-        engine = Engine(Planner(traces, r["seed"], r["start_min"], r["start_max"]), synth, tm,
+        engine = Engine(Planner(traces, r.seed, r.start_min, r.start_max), synth, tm,
                         sender, ecfg, writer.write, cache_model)
         if on_engine:
             on_engine(engine)

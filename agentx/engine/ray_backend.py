@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from ..config import RunConfig
 from .drive import DriveResult, DriveSpec, drive
 from .lanes import LiveStats
 from .workers import merge_live
@@ -120,10 +121,10 @@ class LaneWorker:
 
     def run(self, spec: DriveSpec, files: dict[str, tuple[str, bytes]]) -> tuple[dict, bytes]:
         with tempfile.TemporaryDirectory(prefix="agentx-ray-") as tmp:
-            run = dict(spec.run)
+            run = spec.run
             info = dict(spec.token_info)
             if "trace" in files:
-                run["trace"] = unpack(*files["trace"], tmp)
+                run = run.model_copy(update={"trace": unpack(*files["trace"], tmp)})
             if "tokenizer" in files:
                 info["tokenizer"] = unpack(*files["tokenizer"], tmp)
             local = replace(spec, run=run, token_info=info,
@@ -264,13 +265,13 @@ class RayPool:
             self._merge_stats()
 
 
-def files_to_ship(run: dict, token_info: dict) -> dict[str, tuple[str, bytes]]:
+def files_to_ship(run: RunConfig, token_info: dict) -> dict[str, tuple[str, bytes]]:
     """The trace (unless a built-in name every node resolves itself) and an HF tokenizer."""
     from ..trace.load import BUILTIN_TRACES
 
     files = {}
-    if run["trace"] not in BUILTIN_TRACES:
-        files["trace"] = pack(run["trace"])
+    if run.trace not in BUILTIN_TRACES:
+        files["trace"] = pack(run.trace)
     if token_info.get("mode") == "hf":
         files["tokenizer"] = pack(token_info["tokenizer"])
     return files

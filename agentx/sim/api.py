@@ -48,7 +48,6 @@ def _json(body: bytes, status: int = 200) -> web.Response:
 
 class SimServer:
     def __init__(self, cfg: SimConfig) -> None:
-        cfg.validate()
         self.cfg = cfg
         self.res: Resolved = resolve(cfg)
         r = self.res

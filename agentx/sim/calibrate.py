@@ -38,7 +38,7 @@ class Scenario:
 
 def simulate(cfg: SimConfig, sc: Scenario, seed: int = 0) -> dict:
     """Closed loop: `concurrency` requests start at t=0, each finished one is replaced at once."""
-    cfg = dataclasses.replace(cfg, spec_k=sc.spec_k, synthetic_al=sc.al)
+    cfg = cfg.model_copy(update={"spec_k": sc.spec_k, "synthetic_al": sc.al})
     r = resolve(cfg)
     timing = StepTiming(r, sc.spec_k, offload=cfg.kv_offload)
     stats = EngineStats(model="calib", max_model_len=cfg.max_model_len, max_batched=r.max_num_batched_tokens,

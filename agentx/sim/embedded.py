@@ -101,7 +101,7 @@ class EmbeddedSim:
 
 def start_in_thread(cfg: SimConfig) -> EmbeddedSim:
     """Start a simulator on 127.0.0.1 and a free port (cfg.host/port are overridden)."""
-    cfg = dataclasses.replace(cfg, host="127.0.0.1", port=0)
+    cfg = cfg.model_copy(update={"host": "127.0.0.1", "port": 0})
     return EmbeddedSim(cfg).start()
 
 
@@ -192,5 +192,5 @@ def _child_main() -> None:
 
 def start_in_process(cfg: SimConfig) -> SimProcess:
     """Start a simulator process on 127.0.0.1 and a free port (cfg.host/port are overridden)."""
-    cfg = dataclasses.replace(cfg, host="127.0.0.1", port=0)
+    cfg = cfg.model_copy(update={"host": "127.0.0.1", "port": 0})
     return SimProcess(cfg).start()

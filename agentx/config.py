@@ -1,0 +1,130 @@
+"""Every option of a run, declared once: `agentx run`'s flags (and `python bench.py`'s) are
+derived from `RunConfig`, and the same typed object travels to worker processes and Ray
+actors and is recorded (minus secrets) in summary.json."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import SecretStr, field_validator, model_validator
+
+from .options import FieldError, StrictModel, opt
+from .sim.config import SimConfig
+
+WORKLOAD, TARGET, SYNTH, OUTPUT = ("workload", "target", "prompt synthesis",
+                                   "output and validation")
+
+
+class RunConfig(StrictModel):
+    # --- workload ---
+    trace: str = opt("swe", "built-in name (swe) or path", group=WORKLOAD, min_length=1)
+    conc: int = opt(8, "concurrent session lanes", group=WORKLOAD, ge=1, le=65536)
+    duration_s: float | None = opt(60.0, "seconds before no new request starts (0 = no limit)",
+                                   flag="duration", group=WORKLOAD, ge=0.0)
+    max_requests: int | None = opt(None, "stop after N requests started", group=WORKLOAD, ge=1)
+    warmup_s: float = opt(0.0, "seconds at the start whose requests are flagged warm-up and "
+                          "excluded", flag="warmup", group=WORKLOAD, ge=0.0)
+    seed: int = opt(0, "schedule seed", group=WORKLOAD)
+    think_scale: float = opt(1.0, "multiply trace think times", group=WORKLOAD, ge=0.0)
+    max_think_s: float = opt(300.0, "cap one think time (s)", flag="max_think", group=WORKLOAD,
+                             ge=0.0)
+    start_min: float = opt(0.25, "a lane starts each session at a random turn at least this "
+                           "fraction into it", group=WORKLOAD, ge=0.0, le=1.0)
+    start_max: float = opt(0.75, "... and at most this fraction into it", group=WORKLOAD,
+                           ge=0.0, le=1.0)
+    drain_timeout_s: float = opt(30.0, "seconds in-flight requests may finish after the stop "
+                                 "(then cancelled)", flag="drain_timeout", group=WORKLOAD,
+                                 ge=0.0)
+    workers: int | Literal["auto"] = opt(1, "client processes the lanes are split over, or "
+                                         "'auto'", group=WORKLOAD)
+    ray: str | None = opt(None, "place the worker processes as Ray actors across hosts: a "
+                          "cluster address (auto, HOST:6379, ray://HOST:10001) or 'local' (pip "
+                          "install 'agentx[ray]'; see docs/scale-out.md)", group=WORKLOAD)
+    # --- target ---
+    base_url: str | None = opt(None, "OpenAI-compatible server; omitted: start the embedded "
+                               "simulator", group=TARGET)
+    model: str | None = opt(None, "default: the first model at /v1/models", group=TARGET)
+    api_key: SecretStr | None = opt(None, "default: $OPENAI_API_KEY (never recorded)",
+                                    group=TARGET)
+    timeout_s: float = opt(600.0, "per-read timeout (s)", flag="timeout", group=TARGET, gt=0.0)
+    thinking: Literal["on", "off"] | None = opt(None, "chat_template_kwargs.enable_thinking "
+                                                "(default: the server's)", group=TARGET)
+    extra_body: dict = opt(None, "JSON object merged into every request body", factory=dict,
+                           group=TARGET)
+    # --- prompt synthesis ---
+    tokenizer: str | None = opt(None, "local HF tokenizer dir: client-side chat template, exact "
+                                "token ids", group=SYNTH)
+    context_scale: float = opt(1.0, "scale trace token counts (fit long traces to a small "
+                               "model)", group=SYNTH, gt=0.0)
+    shared_prefix: Literal["none", "system", "system+tools"] = opt(
+        "none", "content shared across sessions", group=SYNTH)
+    live_history: bool = opt(False, "history uses the live response, not the trace's",
+                             group=SYNTH)
+    warm_cache: bool = opt(False, "no per-run cache isolation (repeat runs may hit a warm "
+                           "cache)", group=SYNTH)
+    cache_salt: bool = opt(True, "send a per-run cache_salt so no earlier run's cache is "
+                           "hit (--no-cache-salt for servers that reject unknown fields)",
+                           group=SYNTH)
+    # --- output and validation ---
+    output_dir: str | None = opt(None, "default: results/<time>-<trace>-c<N>", short="-o",
+                                 group=OUTPUT)
+    gpus: int | None = opt(None, "GPUs behind the server (per-GPU rates)", group=OUTPUT, ge=1)
+    progress: bool = opt(True, "live progress display", group=OUTPUT)
+    scrape_interval_s: float = opt(5.0, "/metrics period in s (0 = off)",
+                                   flag="scrape_interval", group=OUTPUT, ge=0.0)
+    validation: Literal["strict", "warn", "off"] = opt(
+        "warn", "strict exits 3 when validation fails", flag="validate", group=OUTPUT)
+    expect_al: float | None = opt(None, "expected (synthetic) acceptance length to validate",
+                                  group=OUTPUT, ge=1.0)
+    al_tolerance: float = opt(0.05, "allowed |measured - expected| acceptance length",
+                              group=OUTPUT, gt=0.0)
+    expect_offload: bool = opt(False, "an offload connector is configured: offload hits must "
+                               "appear", group=OUTPUT)
+    loop_lag_threshold_ms: float | None = opt(
+        None, "flag the run client-bound when event-loop lag p99 exceeds this (default: "
+        "max(2 ms, 10% of the chunk ITL p50))", flag="loop_lag_threshold", group=OUTPUT, gt=0.0)
+    # --- the embedded simulator (no base_url): `--sim-<option>` flags ---
+    sim: SimConfig = opt(None, "embedded simulator options", factory=SimConfig, cli=False)
+
+    @field_validator("duration_s")
+    @classmethod
+    def _zero_is_unbounded(cls, v: float | None) -> float | None:
+        return v or None
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, v: object) -> object:
+        return int(v) if isinstance(v, str) and v.isdigit() else v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RunConfig":
+        if self.start_min > self.start_max:
+            raise FieldError("start_min", "must be <= start_max")
+        if self.duration_s is None and self.max_requests is None:
+            raise FieldError("duration_s", "give --duration or --max-requests (a run must be "
+                             "bounded)")
+        if isinstance(self.workers, int) and self.workers < 1:
+            raise FieldError("workers", "must be >= 1 or auto")
+        return self
+
+    def public(self) -> dict:
+        """The config as recorded in results: everything to rerun, no secrets."""
+        d = self.model_dump(mode="json")
+        if self.api_key is not None:
+            d["api_key"] = "<redacted>"
+        d["sim"].pop("api_key", None)
+        return d
+
+    def secret_key(self) -> str | None:
+        """The key to send: --api-key, else $OPENAI_API_KEY (read here, never stored)."""
+        if self.api_key is not None:
+            return self.api_key.get_secret_value()
+        return os.environ.get("OPENAI_API_KEY") or None
+
+
+def default_output_dir(cfg: RunConfig) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = Path(cfg.trace).name.split(".")[0]
+    return Path("results") / f"{stamp}-{name}-c{cfg.conc}"

@@ -1,0 +1,205 @@
+"""One declaration per option: strict pydantic models, and the command line derived from them.
+
+Every option of a run, of the simulator (and of recipes) is a field of a `StrictModel`,
+declared once with `opt(...)`: type, default, bounds, help, and optionally its flag and its
+argparse group. `add_arguments` turns a model into argparse flags and `from_args` turns the
+parsed flags back into a validated model, so a new option is one line in one place.
+Unknown keys are errors (`extra="forbid"`, as inference-perf's `StrictBaseModel`), and every
+validation error becomes one `InputError` line naming the source, line and field.
+"""
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from .errors import InputError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class StrictModel(BaseModel):
+    """Unknown keys are errors; assignments are validated too (a field set after construction
+    passes the same bounds as one given to the constructor)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class FieldError(ValueError):
+    """Raised by a model validator for a check across fields: names the field to blame, so
+    the user sees the option to fix rather than the model's name."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def opt(default: Any = None, help: str = "", *, flag: str | None = None,
+        short: str | None = None, group: str | None = None, cli: bool = True,
+        factory: Any = None, **bounds: Any) -> Any:
+    """A field with its help text, optional flag name (default `--field-name`) and short
+    alias (`-o`), argparse group and pydantic bounds (`ge`, `gt`, `le`, `lt`, `min_length`,
+    ...). `factory` builds a mutable default; `cli=False` keeps a field off the command line."""
+    extra = {"flag": flag, "short": short, "group": group, "cli": cli}
+    if factory is not None:
+        return Field(default_factory=factory, description=help, json_schema_extra=extra, **bounds)
+    return Field(default, description=help, json_schema_extra=extra, **bounds)
+
+
+def _meta(info: Any) -> dict:
+    return info.json_schema_extra or {"flag": None, "group": None, "cli": True}
+
+
+def flag_of(name: str, info: Any, prefix: str = "") -> str:
+    return "--" + prefix + (_meta(info).get("flag") or name).replace("_", "-")
+
+
+def _strip_optional(tp: Any) -> Any:
+    if get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def _choices(tp: Any) -> list[str] | None:
+    tp = _strip_optional(tp)
+    if get_origin(tp) is Literal:
+        return [str(a) for a in get_args(tp)]
+    return None
+
+
+def cli_fields(model: type[BaseModel], exclude: tuple[str, ...] = ()) -> list[tuple[str, Any]]:
+    return [(n, f) for n, f in model.model_fields.items()
+            if n not in exclude and _meta(f).get("cli", True)]
+
+
+def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel], *, prefix: str = "",
+                  group: str | None = None, exclude: tuple[str, ...] = ()) -> None:
+    """Add one flag per field. Values reach `from_args` as given (strings); the model converts
+    and bounds them, so argparse never prints its own multi-line usage error for a bad value.
+    Flags not given are absent from the namespace, and the model's defaults apply."""
+    groups: dict[str, Any] = {}
+    for name, f in cli_fields(model, exclude):
+        g_name = group or _meta(f).get("group")
+        target: Any = parser
+        if g_name:
+            target = groups.get(g_name) or groups.setdefault(g_name, parser.add_argument_group(g_name))
+        dest = prefix.replace("-", "_") + name
+        flag = flag_of(name, f, prefix)
+        help_ = f.description or ""
+        default = f.get_default(call_default_factory=True)
+        tp = _strip_optional(f.annotation)
+        if tp is bool:
+            target.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
+                                default=argparse.SUPPRESS,
+                                help=f"{help_} (default: {'on' if default else 'off'})")
+            continue
+        choices = _choices(f.annotation)
+        metavar = "{" + ",".join(choices) + "}" if choices else _metavar(tp, name)
+        shown = "" if default in (None, {}, [], ()) or isinstance(default, SecretStr) \
+            else f" (default: {_show(default)})"
+        short = [] if prefix or not _meta(f).get("short") else [_meta(f)["short"]]
+        target.add_argument(*short, flag, dest=dest, default=argparse.SUPPRESS, metavar=metavar,
+                            help=(help_ + shown).replace("%", "%%"))
+
+
+def _metavar(tp: Any, name: str) -> str:
+    origin = get_origin(tp)
+    if origin in (list, tuple):
+        return "A,B,..."
+    if origin is dict or tp is dict:
+        return "JSON"
+    return {int: "N", float: "X"}.get(tp, name.upper())
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        return ",".join(map(str, v))
+    return str(v)
+
+
+def _convert(raw: Any, tp: Any, flag: str, source: str) -> Any:
+    """The command line's string forms of lists (A,B,...) and mappings (JSON)."""
+    if not isinstance(raw, str):
+        return raw
+    tp = _strip_optional(tp)
+    origin = get_origin(tp) or tp
+    if origin in (list, tuple):
+        return [x.strip() for x in raw.split(",") if x.strip()]
+    if origin is dict:
+        try:
+            v = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise InputError(source, f"not valid JSON ({e})", field=flag) from None
+        if not isinstance(v, dict):
+            raise InputError(source, "must be a JSON object", field=flag)
+        return v
+    return raw
+
+
+def values_from_args(ns: argparse.Namespace, model: type[BaseModel], *, prefix: str = "",
+                     exclude: tuple[str, ...] = (), source: str = "command line") -> dict:
+    """The fields the user gave on the command line, converted from their string forms."""
+    out = {}
+    for name, f in cli_fields(model, exclude):
+        dest = prefix.replace("-", "_") + name
+        if hasattr(ns, dest):
+            out[name] = _convert(getattr(ns, dest), f.annotation, flag_of(name, f, prefix), source)
+    return out
+
+
+def build(model: type[M], data: dict, *, source: str = "command line",
+          field_name=None) -> M:
+    """Validate `data` into `model`; the first error becomes one InputError line.
+    `field_name(loc)` renders a field's location (default: the dotted path)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise input_error(err, source, field_name) from None
+
+
+def input_error(err: ValidationError, source: str, field_name=None,
+                line_of=None) -> InputError:
+    """The first pydantic error as our one-line InputError. A `FieldError` raised by a model
+    validator names its own field; `line_of(loc)` gives a line number where one is known."""
+    e = err.errors(include_url=False)[0]
+    loc = tuple(e["loc"])
+    ctx_err = (e.get("ctx") or {}).get("error")
+    if isinstance(ctx_err, FieldError):
+        loc = loc + (ctx_err.field,)
+        msg = str(ctx_err)
+    elif e["type"] == "extra_forbidden":
+        msg = "unknown option" if loc else "unknown key"
+    else:
+        msg = e["msg"]
+        msg = msg[0].lower() + msg[1:] if msg else msg
+        if e["type"] not in ("missing",) and "input" in e and not isinstance(e["input"], dict):
+            msg += f" (got {e['input']!r})"
+    name = field_name(loc) if field_name else ".".join(str(x) for x in loc)
+    line = line_of(loc) if line_of else None
+    return InputError(source, msg, field=name or None, line=line)
+
+
+def flag_namer(model: type[BaseModel], nested: dict[str, str] | None = None):
+    """Render an error location as the flag the user typed: ('conc',) -> --conc;
+    ('sim', 'spec_k') -> --sim-spec-k for a nested model whose flags carry a prefix."""
+    nested = nested or {}
+
+    def name(loc: tuple) -> str:
+        if not loc:
+            return ""
+        m, prefix, rest = model, "", list(loc)
+        while len(rest) > 1 and rest[0] in nested:
+            prefix += nested[rest[0]]
+            sub = m.model_fields[rest[0]].annotation
+            m, rest = _strip_optional(sub), rest[1:]
+        f = m.model_fields.get(str(rest[0])) if hasattr(m, "model_fields") else None
+        return flag_of(str(rest[0]), f, prefix) if f is not None else \
+            "--" + prefix + str(rest[0]).replace("_", "-")
+
+    return name

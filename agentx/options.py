@@ -167,7 +167,9 @@ def input_error(err: ValidationError, source: str, field_name=None,
                 line_of=None) -> InputError:
     """The first pydantic error as our one-line InputError. A `FieldError` raised by a model
     validator names its own field; `line_of(loc)` gives a line number where one is known."""
-    e = err.errors(include_url=False)[0]
+    errors = err.errors(include_url=False)
+    # a misspelt key yields "unknown" and "missing" errors: the unknown key is the one to fix
+    e = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
     loc = tuple(e["loc"])
     ctx_err = (e.get("ctx") or {}).get("error")
     if isinstance(ctx_err, FieldError):

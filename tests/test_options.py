@@ -166,3 +166,31 @@ def test_sim_config_env_independent():
     # the schema has no hidden dependence on the environment
     assert os.environ.get("AGENTX_NOPE") is None
     assert SimConfig().model_dump() == SimConfig.model_validate({}).model_dump()
+
+
+@pytest.mark.parametrize("text,line,field,words", [
+    ("name: x\nhardware:\n  gpu: g\n  hbm_gib: 1\n  hbm_tbps: one\n", 5, "hardware.hbm_tbps",
+     "valid number"),
+    ("name: x\nhardware: {gpu: g, hbm_gib: 1, hbm_tbps: 1, peak_tflops: 1, nvlink_gbps: 1,\n"
+     "  host_gbps: 1}\nmodel:\n  name: m\n  colour: red\n", 6, "model.colour", "unknown"),
+    ("name: [x\n", 2, None, "not valid YAML"),
+    ("- a\n- b\n", 1, None, "mapping"),
+])
+def test_yaml_errors_name_file_line_and_field(tmp_path, text, line, field, words):
+    from agentx.sim.profile import load_profile
+
+    f = tmp_path / "p.yaml"
+    f.write_text(text)
+    with pytest.raises(InputError) as e:
+        load_profile(str(f))
+    assert (e.value.source, e.value.line) == (str(f), line)
+    assert e.value.field == field and words in e.value.message, str(e.value)
+
+
+def test_shipped_profiles_load_strictly():
+    from agentx.sim.profile import load_profile, shipped
+
+    assert {"cpu-tiny", "h200-minimaxm3-fp8"} <= set(shipped())
+    for name in shipped():
+        p = load_profile(name)
+        assert p.name == name and p.hardware.hbm_gib > 0 and p.model.layers > 0

@@ -8,21 +8,20 @@ rounded down to whole blocks.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-import yaml
-
 from ..errors import InputError
+from ..options import StrictModel
+from ..yamlconf import load_model
 from .config import SimConfig
 
 GB = 1e9
 GIB = float(1 << 30)
 
 
-@dataclass
-class Hardware:
+class Hardware(StrictModel):
     gpu: str
     hbm_gib: float  # per GPU, as the driver reports it (GiB)
     hbm_tbps: float  # per GPU HBM bandwidth, TB/s
@@ -32,8 +31,7 @@ class Hardware:
     host_dram_gb: float = 1024.0  # host DRAM (for the default offload budget)
 
 
-@dataclass
-class Model:
+class Model(StrictModel):
     name: str
     params_b: float  # total parameters (billions)
     active_params_b: float  # parameters used per token (MoE: shared + top-k experts)
@@ -52,8 +50,7 @@ class Model:
     index_bytes_per_token: float = 0.0  # sparse attention: selector bytes scanned per context token
 
 
-@dataclass
-class Calibration:
+class Calibration(StrictModel):
     mbu: float = 0.85  # fraction of HBM bandwidth the weight reads achieve
     attn_mbu: float = 0.6  # ... the KV reads of decode attention achieve
     mfu: float = 0.65  # fraction of peak FLOP/s prefill GEMMs achieve
@@ -68,8 +65,7 @@ class Calibration:
     mooncake_load_gbps: float = 20.0  # effective Mooncake store get rate into the GPU, per GPU
 
 
-@dataclass
-class EngineDefaults:
+class EngineDefaults(StrictModel):
     tp: int = 1
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
@@ -78,15 +74,16 @@ class EngineDefaults:
     offload_gb: float = 64.0  # default CPU tier size per engine when offload is on
 
 
-@dataclass
-class Profile:
-    name: str
-    description: str
+class Profile(StrictModel):
+    """A profile file: every section strict (unknown keys are errors, with file and line)."""
+
+    name: str = ""
+    description: str = ""
     hardware: Hardware
     model: Model
-    engine: EngineDefaults
-    calibration: Calibration
-    sources: dict = field(default_factory=dict)
+    engine: EngineDefaults = EngineDefaults()
+    calibration: Calibration = Calibration()
+    sources: dict = {}
     path: str = ""
 
 
@@ -113,42 +110,24 @@ def shipped() -> list[str]:
     return sorted(p.name[:-5] for p in d.iterdir() if p.name.endswith(".yaml"))
 
 
-def _read(name: str) -> tuple[dict, str]:
+def _locate(name: str) -> tuple[str, str]:
+    """(text, source) of a shipped profile name or a YAML file path."""
     p = Path(name)
     if p.suffix in (".yaml", ".yml") or p.exists():
         if not p.exists():
             raise InputError(name, "profile file not found", field="profile")
-        return yaml.safe_load(p.read_text()), str(p)
+        return p.read_text(encoding="utf-8"), str(p)
     f = resources.files("agentx.sim") / "profiles" / f"{name}.yaml"
     if not f.is_file():
         raise InputError("serve-sim", f"unknown profile {name!r}; shipped: {', '.join(shipped())}",
                          field="profile")
-    return yaml.safe_load(f.read_text()), str(f)
-
-
-def _section(cls, data: dict, key: str, src: str):
-    raw = data.get(key) or {}
-    if not isinstance(raw, dict):
-        raise InputError(src, "must be a mapping", field=key)
-    names = set(cls.__dataclass_fields__)
-    for k in raw:
-        if k not in names:
-            raise InputError(src, f"unknown key {k!r}", field=f"{key}.{k}")
-    try:
-        return cls(**raw)
-    except TypeError as e:
-        raise InputError(src, str(e), field=key) from None
+    return f.read_text(encoding="utf-8"), str(f)
 
 
 def load_profile(name: str) -> Profile:
-    data, src = _read(name)
-    if not isinstance(data, dict):
-        raise InputError(src, "profile must be a YAML mapping")
-    return Profile(name=str(data.get("name", Path(src).stem)), description=str(data.get("description", "")),
-                   hardware=_section(Hardware, data, "hardware", src), model=_section(Model, data, "model", src),
-                   engine=_section(EngineDefaults, data, "engine", src),
-                   calibration=_section(Calibration, data, "calibration", src),
-                   sources=data.get("sources") or {}, path=src)
+    text, src = _locate(name)
+    prof = load_model(text, Profile, src)
+    return prof.model_copy(update={"name": prof.name or Path(src).stem, "path": src})
 
 
 def kv_bytes_per_token_rank(m: Model, tp: int) -> float:

@@ -9,6 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
+# Upper bounds every loader enforces, so a corrupt value is a one-line error instead of an
+# attempt to allocate billions of block ids. 2^24 tokens is above the longest context any
+# served model accepts today (Llama 4 Scout: 10M tokens, Meta's model card); 1e9 s is ~32
+# years, far beyond any recorded session time.
+MAX_TOKENS = 1 << 24
+MAX_SECONDS = 1e9
+
 
 @dataclass(slots=True)
 class Turn:

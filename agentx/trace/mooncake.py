@@ -19,12 +19,11 @@ capture later sessions that share that system prompt (rule b cannot tell them ap
 """
 from __future__ import annotations
 
-import math
 
 import orjson
 
 from ..errors import InputError
-from .model import Trace, Turn
+from .model import MAX_SECONDS, MAX_TOKENS, Trace, Turn
 
 MOONCAKE_BLOCK_SIZE = 512
 
@@ -83,9 +82,10 @@ def _records(data: bytes, source: str) -> list[list]:
         if not isinstance(obj, dict):
             raise InputError(source, "a request must be a JSON object", line=lineno)
         ts = obj.get("timestamp")
-        if type(ts) not in (int, float) or not math.isfinite(ts) or ts < 0:
-            raise InputError(source, f"must be a number >= 0 (got {ts!r})" if ts is not None
-                             else "missing", line=lineno, field="timestamp")
+        if type(ts) not in (int, float) or not 0 <= ts <= MAX_SECONDS * 1000:  # ms
+            raise InputError(source, f"must be a number in [0, {MAX_SECONDS * 1000:g}] ms "
+                             f"(got {ts!r})" if ts is not None else "missing", line=lineno,
+                             field="timestamp")
         n_in = _count(obj, "input_length", source, lineno)
         n_out = _count(obj, "output_length", source, lineno)
         ids = obj.get("hash_ids")
@@ -103,9 +103,9 @@ def _count(obj: dict, key: str, source: str, lineno: int) -> int:
     v = obj.get(key)
     if type(v) is float and v.is_integer():
         v = int(v)
-    if type(v) is not int or v < 0:
-        raise InputError(source, f"must be an integer >= 0 (got {v!r})" if v is not None
-                         else "missing", line=lineno, field=key)
+    if type(v) is not int or not 0 <= v <= MAX_TOKENS:
+        raise InputError(source, f"must be an integer in [0, {MAX_TOKENS}] (got {v!r})"
+                         if v is not None else "missing", line=lineno, field=key)
     return v
 
 

@@ -13,14 +13,13 @@ tail needs type checks; this keeps the in-memory set near 8 bytes per id.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from ..errors import InputError
-from .model import Step, Subagent, Trace, Turn
+from .model import MAX_SECONDS, MAX_TOKENS, Step, Subagent, Trace, Turn
 
 DEFAULT_BLOCK_SIZE = 64
 
@@ -34,12 +33,8 @@ def decode_json(data: bytes, source: str) -> Any:
                          line=err.lineno) from None
 
 
-def parse_weka(data: bytes, source: str, default_id: str) -> list[Trace]:
-    """All sessions in one JSON file: an object (one session) or a list of them."""
-    return traces_from_json(decode_json(data, source), source, default_id)
-
-
 def traces_from_json(doc: Any, source: str, default_id: str) -> list[Trace]:
+    """All sessions in one JSON document: an object (one session) or a list of them."""
     if isinstance(doc, list):
         return [trace_from_doc(d, source, f"{default_id}_{i}", f"[{i}]")
                 for i, d in enumerate(doc)]
@@ -210,7 +205,7 @@ def common_prefix(a: list, b: list) -> int:
 
 
 def _int(d: dict, key: str, source: str, where: str | None, *, default: int | None = None,
-         minimum: int = 0) -> int:
+         minimum: int = 0, maximum: int = MAX_TOKENS) -> int:
     v = d.get(key)
     if v is None:
         if default is None:
@@ -221,8 +216,9 @@ def _int(d: dict, key: str, source: str, where: str | None, *, default: int | No
     if type(v) is not int:
         raise InputError(source, f"must be an integer >= {minimum} (got {v!r})", line=where,
                          field=key)
-    if v < minimum:
-        raise InputError(source, f"must be >= {minimum} (got {v})", line=where, field=key)
+    if not minimum <= v <= maximum:
+        raise InputError(source, f"must be in [{minimum}, {maximum}] (got {d[key]!r})",
+                         line=where, field=key)
     return v
 
 
@@ -231,6 +227,7 @@ def _num(d: dict, key: str, source: str, where: str | None, *, default: float | 
     v = d.get(key)
     if v is None:
         return default
-    if type(v) not in (int, float) or not math.isfinite(v) or v < 0:
-        raise InputError(source, f"must be a number >= 0 (got {v!r})", line=where, field=key)
+    if type(v) not in (int, float) or not 0 <= v <= MAX_SECONDS:  # NaN fails too
+        raise InputError(source, f"must be a number in [0, {MAX_SECONDS:g}] (got {v!r})",
+                         line=where, field=key)
     return float(v)

@@ -12,6 +12,7 @@ from pydantic import SecretStr, field_validator, model_validator
 
 from .options import FieldError, StrictModel, opt
 from .sim.config import SimConfig
+from .urls import normalise_base_url, redact_url
 
 WORKLOAD, TARGET, SYNTH, OUTPUT = ("workload", "target", "prompt synthesis",
                                    "output and validation")
@@ -93,6 +94,11 @@ class RunConfig(StrictModel):
     def _zero_is_unbounded(cls, v: float | None) -> float | None:
         return v or None
 
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        return None if v is None else normalise_base_url(v)
+
     @field_validator("workers", mode="before")
     @classmethod
     def _workers(cls, v: object) -> object:
@@ -114,6 +120,7 @@ class RunConfig(StrictModel):
         d = self.model_dump(mode="json")
         if self.api_key is not None:
             d["api_key"] = "<redacted>"
+        d["base_url"] = redact_url(self.base_url)
         d["sim"].pop("api_key", None)
         return d
 

@@ -178,7 +178,7 @@ def input_error(err: ValidationError, source: str, field_name=None,
     elif e["type"] == "extra_forbidden":
         msg = "unknown option" if loc else "unknown key"
     else:
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
         msg = msg[0].lower() + msg[1:] if msg else msg
         if e["type"] not in ("missing",) and "input" in e and not isinstance(e["input"], dict):
             msg += f" (got {e['input']!r})"

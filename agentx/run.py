@@ -33,6 +33,7 @@ from .prompt.token_model import TokenModel, builtin_model, hf_model
 from .records import read_records
 from .config import RunConfig, default_output_dir
 from .trace.load import load_traces
+from .urls import redact_url, scrub
 from .trace.model import TraceSet
 
 def run(cfg: RunConfig) -> dict:
@@ -74,7 +75,8 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) ->
         try:
             model, max_model_len = await first_model(session, base_url)
         except Exception as exc:
-            raise InputError(base_url, f"cannot list models at /v1/models: {exc}",
+            raise InputError(redact_url(base_url),
+                             scrub(f"cannot list models at /v1/models: {exc}", base_url),
                              field="--base-url") from None
         ccfg.model = cfg.model or model
         tm, token_info = await _token_model(cfg, session, base_url, ccfg.model, embedded)
@@ -284,7 +286,7 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
     s["stop_reason"] = errors[0] if errors else "signal" if "signal" in reasons \
         else sorted(reasons)[0]
     s["config"] = cfg.public()
-    s["run"] = {"agentx_version": __version__, "started_at": t_wall0, "target": base_url,
+    s["run"] = {"agentx_version": __version__, "started_at": t_wall0, "target": redact_url(base_url),
                 "embedded_simulator": embedded, "model": ccfg.model,
                 "max_model_len": max_model_len, "tokens": token_info,
                 "cache_salt": bool(ccfg.cache_salt), "python": platform.python_version(),

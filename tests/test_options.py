@@ -49,6 +49,8 @@ def _other_value(name: str, info: Any) -> tuple[str | None, Any]:
         return "sk-x", "sk-x"
     if get_origin(tp) in (typing.Union,):  # workers: int | "auto"
         return "3", 3
+    if name.endswith("url"):
+        return "http://127.0.0.1:9", "http://127.0.0.1:9"
     return f"x-{name}", f"x-{name}"
 
 
@@ -194,3 +196,28 @@ def test_shipped_profiles_load_strictly():
     for name in shipped():
         p = load_profile(name)
         assert p.name == name and p.hardware.hbm_gib > 0 and p.model.layers > 0
+
+
+@pytest.mark.parametrize("given,expected", [
+    ("http://h:8000", "http://h:8000"), ("http://h:8000/", "http://h:8000"),
+    ("http://h:8000/v1", "http://h:8000"), ("https://h/prefix/v1/", "https://h/prefix"),
+])
+def test_base_url_normalised(given, expected):
+    assert RunConfig(base_url=given).base_url == expected
+
+
+@pytest.mark.parametrize("bad", ["notaurl", "ftp://h", "http://", "http://h:99999"])
+def test_bad_base_url_is_one_line(bad):
+    with pytest.raises(InputError) as e:
+        _parse_run("--base-url", bad)
+    assert "'--base-url'" in str(e.value) and "URL" in str(e.value) or "port" in str(e.value)
+
+
+def test_credentials_in_base_url_never_recorded():
+    from agentx.urls import redact_url, scrub
+
+    cfg = RunConfig(base_url="http://user:sk-123@h:8000/v1")
+    assert cfg.base_url == "http://user:sk-123@h:8000"  # still used to connect
+    assert "sk-123" not in str(cfg.public()) and "user" not in str(cfg.public())
+    assert redact_url(cfg.base_url) == "http://<redacted>@h:8000"
+    assert scrub("401 url=http://user:sk-123@h:8000/v1/models", cfg.base_url).count("sk-123") == 0

@@ -71,12 +71,15 @@ class RunConfig(StrictModel):
     # --- output and validation ---
     output_dir: str | None = opt(None, "default: results/<time>-<trace>-c<N>", short="-o",
                                  group=OUTPUT)
+    overwrite: bool = opt(False, "replace a previous run's result files in --output-dir "
+                          "(default: refuse a non-empty directory)", group=OUTPUT)
     gpus: int | None = opt(None, "GPUs behind the server (per-GPU rates)", group=OUTPUT, ge=1)
     progress: bool = opt(True, "live progress display", group=OUTPUT)
     scrape_interval_s: float = opt(5.0, "/metrics period in s (0 = off)",
                                    flag="scrape_interval", group=OUTPUT, ge=0.0)
     validation: Literal["strict", "warn", "off"] = opt(
-        "warn", "strict exits 3 when validation fails", flag="validate", group=OUTPUT)
+        "warn", "a failed validation exits 3 (strict) or only warns (exit 0)",
+        flag="validate", group=OUTPUT)
     expect_al: float | None = opt(None, "expected (synthetic) acceptance length to validate",
                                   group=OUTPUT, ge=1.0)
     al_tolerance: float = opt(0.05, "allowed |measured - expected| acceptance length",

@@ -33,11 +33,15 @@ from .prompt.token_model import TokenModel, builtin_model, hf_model
 from .records import read_records
 from .config import RunConfig, default_output_dir
 from .trace.load import load_traces
+from .outdir import check_output_dir, create_output_dir
 from .urls import redact_url, scrub
 from .trace.model import TraceSet
 
 def run(cfg: RunConfig) -> dict:
     """Run synchronously (own event loop; uvloop when installed). Returns the summary."""
+    if cfg.output_dir is None:  # fixed once, so every check and write sees the same path
+        cfg = cfg.model_copy(update={"output_dir": str(default_output_dir(cfg))})
+    check_output_dir(Path(cfg.output_dir), cfg.overwrite)  # before the simulator starts
     sim = None
     if cfg.base_url is None:
         from .sim.embedded import start_in_process
@@ -64,7 +68,7 @@ def _run_loop(coro: Any) -> Any:
 async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) -> dict:
     traces = load_traces(cfg.trace)  # parse errors surface here, before any traffic
     out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
-    out.mkdir(parents=True, exist_ok=True)
+    check_output_dir(out, cfg.overwrite)
     run_salt = secrets.token_hex(8)
     run_ns = f"seed{cfg.seed}" if cfg.warm_cache else run_salt
     ccfg = ClientConfig(base_url=base_url, model=cfg.model or "", timeout_s=cfg.timeout_s,
@@ -80,6 +84,7 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) ->
                              field="--base-url") from None
         ccfg.model = cfg.model or model
         tm, token_info = await _token_model(cfg, session, base_url, ccfg.model, embedded)
+    create_output_dir(out, cfg.overwrite)  # only now: a failed start leaves no empty dir
     scraper = _scraper(base_url, cfg.scrape_interval_s, ccfg.headers())
     pool_tokens = None
     if scraper:

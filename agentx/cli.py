@@ -8,6 +8,7 @@ from .errors import InputError
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .recipe.cli import add_parsers as add_recipe
     from .run_cli import add_parser as add_run
     from .sim.cli import add_parser as add_sim
     from .trace.cli import add_parser as add_trace
@@ -17,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run(sub)
     add_trace(sub)
     add_sim(sub)
+    add_recipe(sub)
     return p
 
 

@@ -1,0 +1,86 @@
+"""Host-DRAM budget for the CPU KV tier, computed the way InferenceX's agentic vLLM scripts do
+(benchmarks/ in SemiAnalysisAI/InferenceX: TOTAL_CPU_DRAM_GB, PER_RANK_GB).
+
+Units matter and differ between the two halves, so every step says which it uses:
+MiB = 2**20 bytes (what `free -m` and /proc/meminfo report), GB = 1e9 bytes (the total
+budget), GiB = 2**30 bytes (the Mooncake per-rank segment: vLLM's
+`vllm/distributed/mooncake_store.py` `_parse_size` reads "87GB" as 87 * 2**30 bytes).
+Integer floors everywhere, as the shell arithmetic of the scripts does. Worked example
+(H200 TP8, 1,471,356 MiB host, utilization 0.80, 414 GiB page cache, 4 GiB buffers):
+1234 GB -> 1149 GiB -> (1149 - 414) // 8 - 4 = 87 GiB per rank.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+MIB = 2**20
+GIB = 2**30
+GB = 10**9
+
+
+class BudgetError(ValueError):
+    """The DRAM budget leaves nothing for the KV tier (per rank <= 0)."""
+
+
+@dataclass
+class DramBudget:
+    total_gb: int
+    total_gib: int
+    per_rank_gib: int | None = None  # Mooncake only
+    cpu_bytes: int | None = None  # SimpleCPUOffload only
+    steps: list[str] = field(default_factory=list)
+
+
+def host_dram_mib(meminfo: str | Path = "/proc/meminfo") -> int:
+    """This machine's MemTotal in MiB (what InferenceX reads with `free -m`)."""
+    for line in Path(meminfo).read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) // 1024  # the kernel reports kB (KiB)
+    raise OSError(f"no MemTotal in {meminfo}")
+
+
+def total_budget(host_mib: int, *, utilization: float, gpus_used: int, gpus_per_node: int,
+                 cap_mib: int) -> DramBudget:
+    """TOTAL_CPU_DRAM_GB = floor(min(host, cap) MiB * 2**20 * utilization * used/per-node / 1e9)."""
+    counted = min(host_mib, cap_mib)
+    exact = Fraction(counted * MIB) * Fraction(str(utilization)) * gpus_used / gpus_per_node
+    total_gb = int(exact // GB)
+    total_gib = total_gb * GB // GIB
+    steps = [
+        f"host DRAM: {host_mib:,} MiB" + (f", capped at {cap_mib:,} MiB" if counted < host_mib
+                                          else f" (cap {cap_mib:,} MiB)"),
+        (f"budget: {counted:,} MiB x 2^20 B/MiB x {utilization} x {gpus_used}/{gpus_per_node} "
+         f"GPUs = {float(exact) / GB:,.3f} GB -> {total_gb:,} GB (GB = 1e9 bytes)"),
+        (f"in GiB: {total_gb:,} GB x 1e9 / 2^30 = {total_gb * GB / GIB:,.2f} -> "
+         f"{total_gib:,} GiB (GiB = 2^30 bytes)"),
+    ]
+    return DramBudget(total_gb=total_gb, total_gib=total_gib, steps=steps)
+
+
+def mooncake_per_rank(b: DramBudget, *, ranks: int, page_cache_gib: int,
+                      buffer_gib: int) -> DramBudget:
+    """Mooncake global_segment_size per rank = (total GiB - page cache) // ranks - buffer."""
+    per_rank = (b.total_gib - page_cache_gib) // ranks - buffer_gib
+    b.steps.append(f"per rank: ({b.total_gib:,} GiB - {page_cache_gib} GiB checkpoint page "
+                   f"cache) // {ranks} ranks - {buffer_gib} GiB local buffer = {per_rank} GiB")
+    if per_rank <= 0:
+        raise BudgetError(f"DRAM budget per rank is {per_rank} GiB (<= 0): {b.total_gib} GiB "
+                          f"total - {page_cache_gib} GiB page cache over {ranks} ranks leaves "
+                          f"no room beyond the {buffer_gib} GiB local buffer")
+    b.per_rank_gib = per_rank
+    b.steps.append(f"global_segment_size \"{per_rank}GB\" (vLLM's Mooncake config reads GB "
+                   f"as 2^30 bytes: {per_rank * GIB:,} bytes)")
+    return b
+
+
+def simple_cpu_bytes(b: DramBudget, ranks: int) -> DramBudget:
+    """SimpleCPUOffload cpu_bytes_to_use = total GB * 1e9, server-wide (vLLM's connector
+    divides it by the world size)."""
+    if b.total_gb <= 0:
+        raise BudgetError(f"DRAM budget is {b.total_gb} GB (<= 0)")
+    b.cpu_bytes = b.total_gb * GB
+    b.steps.append(f"cpu_bytes_to_use: {b.total_gb:,} GB x 1e9 = {b.cpu_bytes:,} bytes "
+                   f"({b.cpu_bytes // ranks:,} per rank over {ranks})")
+    return b

@@ -1,0 +1,58 @@
+"""Find a recipe by name or path and load it strictly: every problem is one InputError line
+naming file, line and field (exit 2 from the CLI)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+import agentx
+
+from ..errors import InputError
+from ..yamlconf import _line_finder, load_model
+from .schema import Recipe
+
+RECIPES_DIR_ENV = "AGENTX_RECIPES_DIR"
+
+
+def recipes_dir() -> Path:
+    """$AGENTX_RECIPES_DIR, else `recipes/` of the checkout, else the copy shipped in the wheel."""
+    env = os.environ.get(RECIPES_DIR_ENV)
+    if env:
+        return Path(env)
+    pkg = Path(agentx.__file__).resolve().parent
+    checkout = pkg.parent / "recipes"
+    return checkout if checkout.is_dir() else pkg / "_data" / "recipes"
+
+
+def recipe_names() -> list[str]:
+    return sorted(p.stem for p in recipes_dir().glob("*.yaml"))
+
+
+def resolve(spec: str) -> Path:
+    """A path to an existing file, or NAME -> <recipes dir>/NAME.yaml."""
+    p = Path(spec)
+    if p.suffix in (".yaml", ".yml") or os.sep in spec:
+        if not p.is_file():
+            raise InputError(spec, "file not found")
+        return p
+    path = recipes_dir() / f"{spec}.yaml"
+    if not path.is_file():
+        raise InputError(spec, f"no such recipe (known: {', '.join(recipe_names()) or 'none'})")
+    return path
+
+
+def load_recipe(spec: str) -> tuple[Recipe, Path]:
+    """The validated recipe and its file. Cross-field problems point at the key to fix."""
+    path = resolve(spec)
+    text = path.read_text(encoding="utf-8")
+    recipe = load_model(text, Recipe, str(path))
+    if recipe.name is None:
+        recipe.name = path.stem
+    problems = recipe.problems()
+    if problems:
+        loc, msg = problems[0]
+        line_of = _line_finder(yaml.compose(text, Loader=yaml.SafeLoader))
+        raise InputError(str(path), msg, field=".".join(map(str, loc)), line=line_of(loc))
+    return recipe, path

@@ -1,0 +1,262 @@
+"""Recipe + operating point -> the exact server command, its environment and generated files.
+
+The output is what a user pastes on the GPU host and what `serve` launches: one argv (shown
+with shlex.join, so it round-trips through a POSIX shell), the environment it adds, files to
+write first (the Mooncake store config) and side processes to start first (`mooncake_master`).
+Flag names and JSON keys are vLLM's (0.32, `vllm serve --help` and vllm/config/*.py); the
+Mooncake and SimpleCPUOffload settings follow InferenceX's agentic vLLM scripts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import InputError
+from . import dram
+from .golden import golden_al
+from .schema import Point, Recipe, spec_k
+
+# InferenceX starts mooncake_master on the server port + 12000.
+MOONCAKE_PORT_OFFSET = 12000
+MOONCAKE_CONFIG_NAME = "mooncake_config.json"
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand(text: str, environ: Mapping[str, str]) -> str:
+    """`${NAME}` and `${NAME:-default}` from `environ` (unset without default: an error)."""
+    def sub(m: re.Match) -> str:
+        if m.group(1) in environ:
+            return environ[m.group(1)]
+        if m.group(2) is not None:
+            return m.group(2)
+        raise ValueError(f"${{{m.group(1)}}} is not set")
+    return _VAR.sub(sub, text)
+
+
+def compact(obj: object) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+@dataclass
+class Rendered:
+    recipe: Recipe
+    point_index: int
+    conc: int | None
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)  # path -> content
+    sidecars: list[list[str]] = field(default_factory=list)
+    dram_steps: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    k: int | None = None
+    synthetic_al: float | None = None
+    kv_offload: str = "none"
+    allocated_dram_gb: int | None = None
+    offload_bytes: int | None = None
+    base_url: str = ""
+    served_name: str = ""  # the model name requests use
+
+    @property
+    def point(self) -> Point:
+        return self.recipe.points[self.point_index]
+
+    def command(self) -> str:
+        return shlex.join(self.argv)
+
+    def script(self) -> str:
+        """Everything as a POSIX shell script: comments, files, side processes, exports, argv."""
+        p, r = self.point, self.recipe
+        head = (f"# recipe {r.name}, point {self.point_index} ({p.label(self.point_index)}: "
+                f"tp={p.tp} dp={p.dp} ep={p.ep} dp_attention={str(p.dp_attention).lower()}; "
+                f"conc {' '.join(map(str, p.conc))})")
+        out = [head]
+        if r.image or r.vllm_version:
+            out.append(f"# image {r.image or '-'}, vLLM {r.vllm_version or '-'}")
+        out += [f"# {n}" for n in self.notes]
+        if self.dram_steps:
+            out.append(f"# DRAM budget for the {self.kv_offload} KV tier "
+                       "(MiB = 2^20 B, GB = 1e9 B, GiB = 2^30 B):")
+            out += [f"#   {s}" for s in self.dram_steps]
+        for path, content in self.files.items():
+            out += [f"cat > {shlex.quote(path)} <<'EOF'", content.rstrip("\n"), "EOF"]
+        out += [shlex.join(c) + " &" for c in self.sidecars]
+        out += [f"export {k}={shlex.quote(v)}" for k, v in self.env.items()]
+        out.append(self.command())
+        return "\n".join(out) + "\n"
+
+
+def render(recipe: Recipe, point_index: int = 0, *, conc: int | None = None,
+           host: str = "127.0.0.1", port: int = 8000, workdir: str | Path = ".",
+           recipe_dir: str | Path = ".", environ: Mapping[str, str] | None = None,
+           host_dram_mib: int | None = None, source: str = "recipe") -> Rendered:
+    """Render one operating point. Problems (K needs conc, missing golden AL, DRAM budget <= 0)
+    raise InputError naming `source`."""
+    env_in = os.environ if environ is None else environ
+    if not 0 <= point_index < len(recipe.points):
+        raise InputError(source, f"no point {point_index} (the recipe has "
+                         f"{len(recipe.points)}: 0..{len(recipe.points) - 1})", field="points")
+    point = recipe.points[point_index]
+    if conc is not None and conc not in point.conc:
+        raise InputError(source, f"conc {conc} is not in point {point_index}'s conc list "
+                         f"{point.conc}", field=f"points.{point_index}.conc")
+    try:
+        return _render(recipe, point_index, point, conc, host, port, Path(workdir),
+                       Path(recipe_dir), env_in, host_dram_mib)
+    except dram.BudgetError as e:
+        raise InputError(source, str(e), field="kv_offload") from None
+    except ValueError as e:
+        raise InputError(source, str(e)) from None
+
+
+def _render(recipe: Recipe, idx: int, point: Point, conc: int | None, host: str, port: int,
+            workdir: Path, recipe_dir: Path, env_in: Mapping[str, str],
+            host_mib: int | None) -> Rendered:
+    def x(text: str) -> str:
+        return expand(text, env_in)
+
+    command = [x(c) for c in recipe.command]
+    model = x(recipe.model)
+    argv = command + ([model] if command[-1] == "serve" else ["--model", model])
+    out = Rendered(recipe, idx, conc, argv, base_url=f"http://{host}:{port}",
+                   served_name=recipe.served_model_name or model)
+    if recipe.served_model_name:
+        argv += ["--served-model-name", recipe.served_model_name]
+    argv += ["--host", host, "--port", str(port), "--tensor-parallel-size", str(point.tp)]
+    if point.dp > 1:
+        argv += ["--data-parallel-size", str(point.dp)]
+    if point.ep > 1:
+        argv.append("--enable-expert-parallel")
+    for flag, value in (("--tokenizer", recipe.tokenizer and x(recipe.tokenizer)),
+                        ("--load-format", recipe.load_format),
+                        ("--gpu-memory-utilization", recipe.gpu_memory_utilization),
+                        ("--block-size", recipe.block_size),
+                        ("--kv-cache-dtype", recipe.kv_cache_dtype),
+                        ("--attention-backend", recipe.attention_backend),
+                        ("--max-model-len", recipe.max_model_len),
+                        ("--max-num-seqs", recipe.max_num_seqs),
+                        ("--max-num-batched-tokens", recipe.max_num_batched_tokens)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if recipe.default_chat_template_kwargs:
+        argv += ["--default-chat-template-kwargs", compact(recipe.default_chat_template_kwargs)]
+    spec = _spec_config(recipe, point, conc, recipe_dir, x, out)
+    if spec is not None:
+        argv += ["--speculative-config", compact(spec)]
+    out.env.update({k: x(v) for k, v in recipe.env.items()})
+    kv = _kv_offload(recipe, point, port, workdir, host_mib, out)
+    if kv is not None:
+        argv += ["--kv-transfer-config", compact(kv)]
+    argv += [x(a) for a in recipe.extra_args]
+    return out
+
+
+def _spec_config(recipe: Recipe, point: Point, conc: int | None, recipe_dir: Path, x,
+                 out: Rendered) -> dict | None:
+    s = recipe.speculative
+    k = spec_k(recipe, point, conc)
+    if s is None or k is None:
+        return None
+    cfg: dict = {"method": s.method}
+    if s.draft:
+        cfg["model"] = x(s.draft)
+    cfg["num_speculative_tokens"] = k
+    if s.attention_backend:
+        cfg["attention_backend"] = s.attention_backend
+    al = synthetic_al(recipe, k, recipe_dir, out.notes)
+    if al is not None:
+        cfg["rejection_sample_method"] = "synthetic"
+        cfg["synthetic_acceptance_length"] = al
+    cfg.update(s.extra)
+    out.k, out.synthetic_al = k, al
+    return cfg
+
+
+def synthetic_al(recipe: Recipe, k: int, recipe_dir: Path, notes: list[str]) -> float | None:
+    """The recipe's synthetic acceptance length at this K (a golden lookup if asked)."""
+    s = recipe.speculative
+    al = s.synthetic_al if s is not None else None
+    if al == "golden":
+        key = s.golden_model or s.draft or recipe.model
+        al = golden_al(recipe_dir / s.golden_file, key, recipe.thinking, k)
+        notes.append(f"synthetic AL {al} = golden {key} "
+                     f"thinking_{'on' if recipe.thinking else 'off'} K={k} ({s.golden_file})")
+    if al is not None and not 1.0 <= al <= k + 1:
+        raise ValueError(f"synthetic AL {al} outside [1, K+1 = {k + 1}]")
+    return al
+
+
+@dataclass
+class Tier:
+    """The CPU KV tier of a point: backend, its DRAM arithmetic and the bytes it gets."""
+
+    backend: str
+    ranks: int = 1
+    budget: dram.DramBudget | None = None
+    cpu_bytes: int | None = None  # SimpleCPUOffload cpu_bytes_to_use
+
+    @property
+    def total_bytes(self) -> int | None:
+        """Bytes of the whole tier (Mooncake: every rank's segment)."""
+        if self.backend == "mooncake" and self.budget is not None:
+            return self.budget.per_rank_gib * dram.GIB * self.ranks
+        return self.cpu_bytes
+
+
+def tier(recipe: Recipe, point: Point, host_mib: int | None = None) -> Tier:
+    """Work out the point's tier; `host_mib` overrides the recipe's host DRAM."""
+    o = recipe.kv_offload
+    t = Tier(point.kv_offload or o.backend, ranks=point.gpus)
+    if t.backend == "none":
+        return t
+    if t.backend == "simple-cpu" and o.cpu_bytes is not None:
+        t.cpu_bytes = o.cpu_bytes
+        return t
+    mib = host_mib or (dram.host_dram_mib() if o.host_dram_mib == "auto" else o.host_dram_mib)
+    t.budget = dram.total_budget(mib, utilization=o.dram_utilization, gpus_used=point.gpus,
+                                 gpus_per_node=o.gpus_per_node, cap_mib=o.dram_cap_mib)
+    if t.backend == "simple-cpu":
+        t.cpu_bytes = dram.simple_cpu_bytes(t.budget, point.gpus).cpu_bytes
+    else:
+        dram.mooncake_per_rank(t.budget, ranks=point.gpus,
+                               page_cache_gib=o.page_cache_reserve_gib,
+                               buffer_gib=o.local_buffer_gib)
+    return t
+
+
+def _kv_offload(recipe: Recipe, point: Point, port: int, workdir: Path,
+                host_mib: int | None, out: Rendered) -> dict | None:
+    o = recipe.kv_offload
+    t = tier(recipe, point, host_mib)
+    out.kv_offload, out.offload_bytes = t.backend, t.total_bytes
+    if t.budget is not None:
+        out.dram_steps, out.allocated_dram_gb = t.budget.steps, t.budget.total_gb
+    elif t.cpu_bytes is not None:
+        out.allocated_dram_gb = t.cpu_bytes // dram.GB
+    if t.backend == "none":
+        return None
+    if t.backend == "simple-cpu":
+        out.env["VLLM_USE_SIMPLE_KV_OFFLOAD"] = "1"
+        return {"kv_connector": "SimpleCPUOffloadConnector", "kv_role": "kv_both",
+                "kv_connector_extra_config": {"cpu_bytes_to_use": t.cpu_bytes,
+                                              "lazy_offload": o.lazy_offload}}
+    master_port = o.mooncake_master_port or port + MOONCAKE_PORT_OFFSET
+    config_path = str(workdir / MOONCAKE_CONFIG_NAME)
+    out.files[config_path] = json.dumps({
+        "mode": "embedded", "metadata_server": "P2PHANDSHAKE",
+        "master_server_address": f"127.0.0.1:{master_port}",
+        "global_segment_size": f"{t.budget.per_rank_gib}GB",
+        "local_buffer_size": f"{o.local_buffer_gib}GB",
+        "protocol": o.mooncake_protocol, "device_name": o.mooncake_device,
+        "enable_offload": False}, indent=2) + "\n"
+    out.sidecars.append(["mooncake_master", "--port", str(master_port),
+                         f"--eviction_high_watermark_ratio={o.eviction_high_watermark_ratio:.2f}",
+                         f"--eviction_ratio={o.eviction_ratio:.2f}"])
+    # identical prefixes must hash to identical store keys in every rank
+    out.env.update({"MOONCAKE_CONFIG_PATH": config_path, "PYTHONHASHSEED": "0"})
+    return {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"load_async": True}}

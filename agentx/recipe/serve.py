@@ -1,0 +1,216 @@
+"""Server lifecycle: launch a rendered recipe, wait for /health, stop the whole process group.
+
+The server (and any side process such as `mooncake_master`) starts in its own session, so
+it is the leader of a new process group and everything it forks (vLLM's engine core, TP
+workers) stays in that group. Stopping sends SIGTERM to the group, then SIGKILL after a grace
+period, then kills any descendant that left the group. `ServerHandle` is a context manager,
+so an exception or Ctrl-C in the caller (sweep, `agentx serve`) still stops the server.
+(No PR_SET_PDEATHSIG: it needs a preexec_fn, which is unsafe in a process running threads.)
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .render import Rendered, render
+from .schema import Recipe
+from .simargs import sim_argv, sim_options
+
+LogSink = Callable[[str], None]
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or was not healthy in time; the message ends with its log tail."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _spawn(argv: Sequence[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(list(argv), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _descendants(pid: int) -> list:
+    try:
+        import psutil
+
+        return psutil.Process(pid).children(recursive=True)
+    except Exception:  # noqa: BLE001 - gone already, or no psutil: the group kill suffices
+        return []
+
+
+def _killpg(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)  # start_new_session: the pid is the group id
+
+
+def stop_group(proc: subprocess.Popen, grace: float) -> int | None:
+    """SIGTERM the process group of `proc`, SIGKILL it after `grace` s; reap `proc`."""
+    children = _descendants(proc.pid)
+    if proc.poll() is None:
+        _killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace)
+    _killpg(proc.pid, signal.SIGKILL)  # stragglers still in the group
+    for child in children:  # and any that left it
+        with contextlib.suppress(Exception):  # already gone
+            child.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+    return proc.returncode
+
+
+@dataclass
+class ServerHandle:
+    proc: subprocess.Popen
+    base_url: str
+    log_path: Path
+    workdir: Path
+    model: str | None = None
+    rendered: Rendered | None = None
+    sidecars: list[subprocess.Popen] = field(default_factory=list)
+    grace_s: float = 20.0
+
+    @property
+    def pgid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> int | None:
+        """Stop the server group, then the side processes; idempotent."""
+        rc = stop_group(self.proc, self.grace_s)
+        for p in self.sidecars:
+            stop_group(p, self.grace_s)
+        return rc
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def __enter__(self) -> ServerHandle:  # noqa: PYI034 - Self needs Python 3.11
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+class LogTail:
+    """Hands new complete lines of a growing log file to a sink."""
+
+    def __init__(self, path: Path, sink: LogSink | None, pos: int = 0) -> None:
+        self.path, self.sink, self.pos, self.buf = path, sink, pos, b""
+
+    def poll(self) -> None:
+        if self.sink is None:
+            return
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.pos)
+                data = f.read()
+        except OSError:
+            return
+        self.pos += len(data)
+        *lines, self.buf = (self.buf + data).split(b"\n")
+        for line in lines:
+            self.sink(line.decode(errors="replace"))
+
+
+def start(argv: Sequence[str], env: dict[str, str], *, base_url: str, workdir: Path,
+          health_timeout: float, on_log: LogSink | None = None,
+          sidecars: Sequence[Sequence[str]] = (), files: dict[str, str] | None = None,
+          grace_s: float = 20.0) -> ServerHandle:
+    """Write `files`, start `sidecars` then the server, return once /health answers 200.
+    On failure, timeout, exception or Ctrl-C everything started is stopped first."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    for path, content in (files or {}).items():
+        Path(path).write_text(content)
+    full_env = {**os.environ, **env}
+    started: list[subprocess.Popen] = []
+    try:
+        for i, side in enumerate(sidecars):
+            started.append(_spawn(side, full_env, workdir / f"{Path(side[0]).name}-{i}.log"))
+        log_path = workdir / "server.log"
+        proc = _spawn(argv, full_env, log_path)
+    except FileNotFoundError as e:
+        for p in started:
+            stop_group(p, grace_s)
+        raise ServerStartError(f"cannot start {e.filename}: not installed or not on PATH") \
+            from None
+    handle = ServerHandle(proc, base_url, log_path, workdir, sidecars=started, grace_s=grace_s)
+    tail = LogTail(log_path, on_log)
+    deadline = time.monotonic() + health_timeout
+    try:
+        while True:
+            tail.poll()
+            dead = [p for p in (proc, *started) if p.poll() is not None]
+            if dead:
+                raise ServerStartError(f"{Path(dead[0].args[0]).name} exited with code "
+                                       f"{dead[0].returncode} before /health answered "
+                                       f"(log {log_path}):\n" + handle.log_tail())
+            if _healthy(base_url):
+                tail.poll()
+                return handle
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"/health did not answer within {health_timeout:.0f} s "
+                                       f"(log {log_path}):\n" + handle.log_tail())
+            time.sleep(0.5)
+    except BaseException:
+        handle.stop()
+        raise
+
+
+def launch(recipe: Recipe, point: int = 0, *, conc: int | None = None,
+           host: str = "127.0.0.1", port: int | None = None, workdir: str | Path | None = None,
+           recipe_dir: str | Path = ".", source: str = "recipe", sim: bool = False,
+           health_timeout: float | None = None, on_log: LogSink | None = None,
+           host_dram_mib: int | None = None) -> ServerHandle:
+    """Render the recipe's point and start it (or the simulator standing in for it with
+    `sim=True`); returns a running, healthy server. Use as `with launch(...) as server:`."""
+    port = port or free_port(host)
+    wd = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix=f"agentx-serve-{recipe.name}-"))
+    wd = wd.resolve()
+    wd.mkdir(parents=True, exist_ok=True)
+    timeout = health_timeout or recipe.health_timeout_s
+    if sim:
+        opts = sim_options(recipe, point, conc, recipe_dir=recipe_dir, source=source)
+        handle = start(sim_argv(opts, host=host, port=port), {}, base_url=f"http://{host}:{port}",
+                       workdir=wd, health_timeout=timeout, on_log=on_log)
+        handle.model = opts["model_name"]
+        return handle
+    r = render(recipe, point, conc=conc, host=host, port=port, workdir=wd,
+               recipe_dir=recipe_dir, source=source, host_dram_mib=host_dram_mib)
+    (wd / "command.sh").write_text(r.script())
+    handle = start(r.argv, r.env, base_url=r.base_url, workdir=wd, health_timeout=timeout,
+                   on_log=on_log, sidecars=r.sidecars, files=r.files)
+    handle.rendered = r
+    handle.model = r.served_name
+    return handle

@@ -15,6 +15,7 @@ from typing import Callable
 from ..client.http import ClientConfig, make_session
 from ..config import RunConfig
 from ..plan import Planner
+from ..prefix_cache import PrefixCache
 from ..prompt.blocks import BlockFactory
 from ..prompt.synth import SynthConfig
 from ..prompt.token_model import TokenModel, builtin_model, hf_model
@@ -22,7 +23,6 @@ from ..prompt.words import WORDS
 from ..records import RecordWriter
 from ..trace.load import load_traces
 from ..trace.model import TraceSet
-from .cache_model import PrefixLRU
 from .lanes import Engine, EngineConfig
 from .selfmon import LoopLagSampler
 from .sender import ChatSender, TokenIdsSender
@@ -112,7 +112,7 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
     async with make_session(spec.client, len(spec.lanes)) as session:
         sender_cls = TokenIdsSender if tm.kind == "hf" else ChatSender
         sender = sender_cls(session, spec.client, keep_text=r.live_history)
-        cache_model = PrefixLRU(spec.pool_blocks)
+        cache_model = PrefixCache(spec.pool_blocks)
         engine = Engine(Planner(traces, r.seed, r.start_min, r.start_max), synth, tm,
                         sender, ecfg, writer.write, cache_model)
         if on_engine:

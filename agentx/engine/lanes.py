@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol
 
 from ..plan import Planner
+from ..prefix_cache import PrefixCache
 from ..prompt.synth import Conversation, PreparedTurn, SynthConfig
 from ..prompt.token_model import TokenModel
 from ..records import RequestRecord
 from ..trace.model import Subagent, Trace, Turn
-from .cache_model import PrefixLRU
 
 perf_ns = time.perf_counter_ns
 
@@ -79,9 +79,9 @@ class Engine:
     def __init__(self, planner: Planner, synth: SynthConfig, token_model: TokenModel,
                  sender: Sender, cfg: EngineConfig,
                  on_record: Callable[[RequestRecord], None | Awaitable[None]],
-                 cache_model: PrefixLRU | None = None) -> None:
+                 cache_model: PrefixCache | None = None) -> None:
         self.planner, self.synth, self.tm = planner, synth, token_model
-        self.cache_model = cache_model or PrefixLRU(None)
+        self.cache_model = cache_model or PrefixCache(None)
         self.sender, self.cfg, self.on_record = sender, cfg, on_record
         self.stats = LiveStats(lanes=len(cfg.lanes) if cfg.lanes is not None else cfg.conc)
         self._stop = asyncio.Event()
@@ -198,9 +198,11 @@ class Engine:
             return
         intended = perf_ns()
         prepared = conv.next_turn(step, turn_no)
-        pool_hit_blocks = self.cache_model.observe(conv.block_keys(step.hash_ids))
+        # the server holds the prompt's blocks from now until the response ends
+        keys = conv.block_keys(step.hash_ids)
+        pool_hit_blocks = self.cache_model.acquire(keys)
         expected = prepared.expected_cached if warm else 0
-        if pool_hit_blocks is not None:  # the server's pool is known: LRU through it
+        if pool_hit_blocks is not None:  # the server's pool is known: its eviction order
             bs_tokens = conv.trace.block_size * self.synth.context_scale
             expected_pool = min(prepared.intended_in, int(pool_hit_blocks * bs_tokens))
         else:
@@ -238,6 +240,7 @@ class Engine:
             rec.error_detail = str(exc)[:300]
             rec.ok = False
         finally:
+            self.cache_model.release(keys)
             self._inflight.pop(rid, None)
             self.stats.in_flight -= 1
             self.stats.note(rec)

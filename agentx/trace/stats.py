@@ -6,16 +6,17 @@ hits implied by the hash_ids (block granularity, a turn's hit = the longest pref
 already cached × block_size, capped at its prompt):
   * in-session, infinite cache: per parent session (hit tokens / prompt tokens) and
     token-weighted over the set — an upper bound for any real cache;
-  * `lru_hit_rate`: one LRU cache of a given capacity, the whole set replayed one session after
-    another (parents and their subagents in step order) — how much a bounded cache keeps.
+  * `lru_hit_rate`: one cache of a given capacity with vLLM's eviction order
+    (agentx.prefix_cache), the whole set replayed one session after another (parents and
+    their subagents in step order) — how much a bounded cache keeps.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from ..prefix_cache import PrefixCache
 from .model import Subagent, Trace, TraceSet, Turn
 from .weka import common_prefix
 
@@ -149,49 +150,30 @@ def _replay_order(trace: Trace) -> Iterable[tuple[Trace, Turn]]:
 
 
 def lru_hit_rate(ts: TraceSet, capacity_tokens: int) -> float:
-    """Token-weighted prefix hit rate of one LRU block cache of `capacity_tokens`
-    (capacity_tokens // block_size blocks) over the whole set replayed sequentially.
+    """Token-weighted prefix hit rate of one cache of `capacity_tokens` (capacity_tokens //
+    block_size blocks) over the whole set replayed sequentially, through the model of vLLM's
+    eviction order the replay engine uses (agentx.prefix_cache: a request's tail blocks are
+    evicted before its head).
 
-    Each request looks up its longest cached prefix, then uses all its blocks; like vLLM's free
-    queue, a prompt's tail blocks become evictable before its head blocks. Block identity is
-    (session, id) for "local" hash_id scope and the id alone for "global" (Mooncake).
-    Capacity is counted in blocks of the set's block size. Cost: a few dict operations per
-    block per request (~10-15 s for the 533-session real set)."""
-    cache: OrderedDict = OrderedDict()
+    Block identity is (session, id) for "local" hash_id scope and the id alone for "global"
+    (Mooncake). Capacity is counted in blocks of the set's block size. Cost: a few dict
+    operations per block per request (~10-15 s for the 533-session real set)."""
+    cache = PrefixCache(max(capacity_tokens // ts.block_size, 0))
     hit_tok = in_tok = 0
     # local ids of session i become id - lo_i + offset_i: unique ints (cheaper than tuples),
     # all above every global id, so mixed sets cannot alias
     offset = 1 + max((_id_range(tr)[1] for tr in ts.traces if tr.hash_id_scope == "global"),
                      default=-1)
-    prev_key: list[int] = []
-    cap = capacity_tokens // ts.block_size
     for tr in ts.traces:
         if tr.hash_id_scope != "global":
             lo, hi = _id_range(tr)
             off = offset - lo
             offset += hi - lo + 1
         for owner, turn in _replay_order(tr):
-            bs = owner.block_size
             ids = turn.hash_ids
             keys = ids if owner.hash_id_scope == "global" else [h + off for h in ids]
-            # the previous request's first `cap` blocks are the most recent ones, so the
-            # prefix it shares with this request (up to cap) is cached for sure
-            k = min(common_prefix(prev_key, keys), max(cap, 0))
-            for key in keys[k:]:
-                if key not in cache:
-                    break
-                k += 1
-            hit_tok += min(k * bs, turn.in_tokens)
+            hit_tok += min(cache.observe(keys) * owner.block_size, turn.in_tokens)
             in_tok += turn.in_tokens
-            prev_key = keys
-            if cap <= 0:
-                continue
-            move = cache.move_to_end
-            for key in reversed(keys):  # head blocks end most recently used
-                cache[key] = None
-                move(key)
-            while len(cache) > cap:
-                cache.popitem(last=False)
     return hit_tok / in_tok if in_tok else 0.0
 
 

@@ -1,8 +1,66 @@
-"""Small asyncio helpers shared by the client, the scraper and the simulator."""
+"""Small asyncio helpers shared by the client, the worker processes and the simulator: one
+place that picks the event loop, runs a coroutine on it, installs the stop signals and
+cancels background tasks."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import sys
+from collections.abc import Callable, Coroutine
+from types import ModuleType
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _uvloop() -> ModuleType | None:
+    """uvloop when installed (cheaper per socket read and per chunk written), else None.
+
+    Imported here, before any loop runs: an ImportError raised later, inside a run, is that
+    run's error and must surface as such, not be taken for a missing uvloop."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A new loop: uvloop's when installed, else asyncio's default."""
+    uv = _uvloop()
+    return uv.new_event_loop() if uv is not None else asyncio.new_event_loop()
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(coro)` on a uvloop loop when installed."""
+    uv = _uvloop()
+    return uv.run(coro) if uv is not None else asyncio.run(coro)
+
+
+def install_stop_signals(loop: asyncio.AbstractEventLoop, request_stop: Callable[[bool], None],
+                         notice: str | None = None) -> None:
+    """First SIGINT/SIGTERM: `request_stop(False)` (stop and drain, bounded); any later one:
+    `request_stop(True)` (cancel in-flight now). `notice` is printed on the first."""
+    count = 0
+
+    def handler() -> None:
+        nonlocal count
+        count += 1
+        if count == 1 and notice:
+            print(notice, file=sys.stderr)
+        request_stop(count > 1)
+
+    for sig in STOP_SIGNALS:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, handler)
+
+
+def remove_stop_signals(loop: asyncio.AbstractEventLoop) -> None:
+    for sig in STOP_SIGNALS:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(sig)
 
 
 async def cancel_and_wait(task: asyncio.Task | None) -> None:

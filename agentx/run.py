@@ -8,12 +8,10 @@ secrets). With no base_url it starts the embedded simulator on a free loopback p
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import os
 import platform
 import secrets
-import signal
 import sys
 import time
 from pathlib import Path
@@ -21,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from . import __version__
+from . import __version__, aio
 from .client.http import ClientConfig, first_model, make_session
 from .engine.drive import DriveResult, DriveSpec, drive, split_count, split_lanes
 from .engine.lanes import Engine
@@ -37,6 +35,9 @@ from .outdir import check_output_dir, create_output_dir
 from .urls import redact_url, scrub
 from .trace.model import TraceSet
 
+STOP_NOTICE = "\nagentx: stopping — draining in-flight requests (Ctrl-C again to cancel)"
+
+
 def run(cfg: RunConfig) -> dict:
     """Run synchronously (own event loop; uvloop when installed). Returns the summary."""
     if cfg.output_dir is None:  # fixed once, so every check and write sees the same path
@@ -50,19 +51,10 @@ def run(cfg: RunConfig) -> dict:
                                                           "api_key": cfg.secret_key()}))
     try:
         base = sim.base_url if sim else cfg.base_url
-        return _run_loop(run_async(cfg, base, embedded=sim is not None))
+        return aio.run(run_async(cfg, base, embedded=sim is not None))
     finally:
         if sim:
             sim.stop()
-
-
-def _run_loop(coro: Any) -> Any:
-    try:
-        import uvloop
-
-        return uvloop.run(coro) if hasattr(uvloop, "run") else asyncio.run(coro)
-    except ImportError:
-        return asyncio.run(coro)
 
 
 async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) -> dict:
@@ -154,7 +146,7 @@ async def _drive_here(cfg: RunConfig, spec: DriveSpec, tm: TokenModel,
     prog: list[asyncio.Task] = []
 
     def on_engine(engine: Engine) -> None:
-        _install_signals(loop, lambda: engine.stop("signal"), engine.cancel_inflight)
+        aio.install_stop_signals(loop, engine.request_stop, STOP_NOTICE)
         if cfg.progress:
             prog.append(asyncio.create_task(_progress(cfg, engine.stats, done)))
 
@@ -164,7 +156,7 @@ async def _drive_here(cfg: RunConfig, spec: DriveSpec, tm: TokenModel,
         done.set()
         if prog:
             await prog[0]
-        _remove_signals(loop)
+        aio.remove_stop_signals(loop)
 
 
 async def _drive_workers(cfg: RunConfig, specs: list[DriveSpec]) -> list[DriveResult]:
@@ -177,7 +169,7 @@ async def _drive_workers(cfg: RunConfig, specs: list[DriveSpec]) -> list[DriveRe
     loop = asyncio.get_running_loop()
     done = asyncio.Event()
     # workers get SIGINT from the terminal themselves; the parent forwards it regardless
-    _install_signals(loop, pool.request_stop, pool.request_stop)
+    aio.install_stop_signals(loop, pool.request_stop, STOP_NOTICE)
     prog = asyncio.create_task(_progress(cfg, pool.stats, done)) if cfg.progress else None
     t0 = time.perf_counter_ns() + int(3e9)  # worker start-up (spawn + imports) fits in this
     for s in specs:
@@ -189,7 +181,7 @@ async def _drive_workers(cfg: RunConfig, specs: list[DriveSpec]) -> list[DriveRe
         done.set()
         if prog:
             await prog
-        _remove_signals(loop)
+        aio.remove_stop_signals(loop)
     if pool.errors:
         print("agentx: worker errors: " + "; ".join(f"w{k}: {v}" for k, v in
                                                     sorted(pool.errors.items())),
@@ -233,30 +225,6 @@ def _scraper(base_url: str, interval: float, headers: dict):
 
     auth = {k: v for k, v in headers.items() if k == "Authorization"}
     return ScraperThread(base_url.rstrip("/") + "/metrics", interval_s=interval, headers=auth)
-
-
-def _install_signals(loop: asyncio.AbstractEventLoop, stop, force) -> None:
-    """First SIGINT/SIGTERM: stop and drain (bounded); a second: cancel in-flight now."""
-    state = {"n": 0}
-
-    def handler() -> None:
-        state["n"] += 1
-        if state["n"] == 1:
-            print("\nagentx: stopping — draining in-flight requests (Ctrl-C again to cancel)",
-                  file=sys.stderr)
-            stop()
-        else:
-            force()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, handler)
-
-
-def _remove_signals(loop: asyncio.AbstractEventLoop) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.remove_signal_handler(sig)
 
 
 def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records: list[dict],

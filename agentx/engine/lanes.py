@@ -8,8 +8,10 @@ session ends the lane picks a new one. Only N lanes exist, so at most N sessions
 progress and at most N requests are in flight.
 
 Stopping: at --duration or --max-requests no new request starts; in-flight requests finish
-within --drain-timeout, the rest are cancelled and recorded as `cancelled`. SIGINT does the
-same immediately. Every request that started is recorded exactly once.
+within --drain-timeout, the rest are cancelled and recorded as `cancelled`. From outside (a
+signal, the parent of a worker process, a Ray driver) the one way in is `request_stop()`:
+the same drain, or with force=True the cancellation at once. Every request that started is
+recorded exactly once.
 """
 from __future__ import annotations
 
@@ -85,6 +87,7 @@ class Engine:
         self.sender, self.cfg, self.on_record = sender, cfg, on_record
         self.stats = LiveStats(lanes=len(cfg.lanes) if cfg.lanes is not None else cfg.conc)
         self._stop = asyncio.Event()
+        self._forced = False
         self._inflight: dict[str, asyncio.Task] = {}
         self._req_seq = 0
         self.t_start_ns = 0
@@ -93,7 +96,17 @@ class Engine:
         self.stop_reason = ""
 
     # -- control ----------------------------------------------------------------------------
-    def stop(self, reason: str = "stopped") -> None:
+    def request_stop(self, force: bool = False) -> None:
+        """Stop the run from outside. The first call starts no new request and lets in-flight
+        ones finish within cfg.drain_timeout_s; force=True (at any time) cancels them now.
+        Repeating a call is harmless; must run on the engine's loop."""
+        self._end("signal")
+        if force and not self._forced:
+            self._forced = True
+            self._cancel_inflight()
+
+    def _end(self, reason: str) -> None:
+        """No new requests from now on; the first reason given is the run's stop_reason."""
         if not self._stop.is_set():
             self.stop_reason = reason
             self._stop.set()
@@ -115,19 +128,19 @@ class Engine:
         timer = None
         if cfg.duration_s:
             left = cfg.duration_s - (perf_ns() - self.t_start_ns) / 1e9
-            timer = asyncio.get_running_loop().call_later(max(0.0, left), self.stop, "duration")
+            timer = asyncio.get_running_loop().call_later(max(0.0, left), self._end, "duration")
         await self._stop.wait()
         # no new requests from here; lanes sleeping in think time stop at once
         pending = [t for t in self._inflight.values() if not t.done()]
-        if pending:
+        if pending and not self._forced:  # a forced stop ends the wait by cancelling them
             await asyncio.wait(pending, timeout=cfg.drain_timeout_s)
-        self.cancel_inflight()
+        self._cancel_inflight()
         await asyncio.gather(*tasks, return_exceptions=True)
         if timer:
             timer.cancel()
         self.t_end_ns = perf_ns()
 
-    def cancel_inflight(self) -> None:
+    def _cancel_inflight(self) -> None:
         """Cancel requests still running (recorded as `cancelled`)."""
         for t in list(self._inflight.values()):
             if not t.done():
@@ -145,7 +158,7 @@ class Engine:
             try:
                 await self._session(lane, pick.trace, pick.instance, pick.start_turn, "")
             except Exception as exc:  # a bug must not silently leave the run a lane short
-                self.stop(f"error: lane {lane} ({pick.trace.id}): {type(exc).__name__}: {exc}")
+                self._end(f"error: lane {lane} ({pick.trace.id}): {type(exc).__name__}: {exc}")
                 raise
             finally:
                 self.stats.sessions_active -= 1
@@ -194,7 +207,7 @@ class Engine:
         trace's prefix hit applies to it; the first request of a replay finds a cold cache)."""
         cfg = self.cfg
         if cfg.max_requests is not None and self.stats.started >= cfg.max_requests:
-            self.stop("max_requests")
+            self._end("max_requests")
             return
         intended = perf_ns()
         prepared = conv.next_turn(step, turn_no)
@@ -249,4 +262,4 @@ class Engine:
                 await res
         conv.answered(rec.osl or max_tokens, live_text)
         if cfg.max_requests is not None and self.stats.started >= cfg.max_requests:
-            self.stop("max_requests")
+            self._end("max_requests")

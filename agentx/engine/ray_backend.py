@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from .. import aio
 from ..config import RunConfig
 from .drive import DriveResult, DriveSpec, drive
 from .lanes import LiveStats
@@ -114,7 +115,7 @@ class LaneWorker:
     def __init__(self) -> None:
         self._engine = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop_requested = 0
+        self._stop_requested: bool | None = None  # None, or force for an engine not yet built
 
     def clock(self) -> dict:
         return clock()
@@ -134,18 +135,13 @@ class LaneWorker:
                 return asdict(result), f.read()
 
     def _run_loop(self, spec: DriveSpec) -> DriveResult:
-        try:
-            import uvloop
-
-            loop = uvloop.new_event_loop()
-        except ImportError:
-            loop = asyncio.new_event_loop()
+        loop = aio.new_event_loop()
         self._loop = loop
 
         def on_engine(engine) -> None:
             self._engine = engine
-            if self._stop_requested:
-                engine.stop("signal")
+            if self._stop_requested is not None:
+                engine.request_stop(self._stop_requested)
 
         try:
             return loop.run_until_complete(drive(spec, on_engine))
@@ -158,20 +154,13 @@ class LaneWorker:
         return asdict(e.stats) if e is not None else None
 
     def stop(self, force: bool = False) -> None:
-        """First call: no new requests (drain); with force: cancel in-flight ones too."""
-        self._stop_requested += 1
+        """Engine.request_stop on the actor's loop: drain, or with force cancel in-flight."""
+        self._stop_requested = bool(self._stop_requested) or force
         e, loop = self._engine, self._loop
         if e is None or loop is None:
             return
-
-        def act() -> None:
-            if force or e.stopping:
-                e.cfg.drain_timeout_s = 0
-                e.cancel_inflight()
-            e.stop("signal")
-
         try:
-            loop.call_soon_threadsafe(act)
+            loop.call_soon_threadsafe(e.request_stop, force)
         except RuntimeError:  # loop already closed: the run is over
             pass
 

@@ -4,8 +4,8 @@ One asyncio client saturates one core; beyond that its own delays leak into TTFT
 Each worker is a separate process with its own uvloop and aiohttp session, running
 `drive()` on its share of the lanes, all starting at one shared monotonic instant
 (CLOCK_MONOTONIC is system-wide, so their timestamps are comparable). Each writes its own
-records file, merged by start time at the end. The parent forwards stop requests through an
-Event and gathers live counters through a Queue for the progress display.
+records file, merged by start time at the end. The parent forwards stop requests through two
+Events (drain, force) and gathers live counters through a Queue for the progress display.
 """
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import contextlib
 import multiprocessing as mp
 import os
 import queue
-import signal
 from dataclasses import asdict, fields
 
 import orjson
 
+from .. import aio
 from .drive import DriveResult, DriveSpec, drive
 from .lanes import Engine, LiveStats
 
@@ -53,32 +53,18 @@ def merge_live(s: LiveStats, vals: list[dict]) -> None:
     s.recent_tpot_ms = [x for v in vals for x in v["recent_tpot_ms"][-128:]]
 
 
-def _worker_entry(spec: DriveSpec, stop_evt, q) -> None:
-    """Process entry point: run drive() with uvloop; report counters and the result."""
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+def _worker_entry(spec: DriveSpec, stop_evt, force_evt, q) -> None:
+    """Process entry point: run drive() (uvloop when installed); report counters and the
+    result. Stops come from this process's own signals (a terminal's Ctrl-C reaches the
+    whole process group) and from the parent's events, all through Engine.request_stop."""
 
     async def main() -> DriveResult:
         engine_box: list[Engine] = []
+        loop = asyncio.get_running_loop()
 
         def on_engine(engine: Engine) -> None:
             engine_box.append(engine)
-            loop = asyncio.get_running_loop()
-
-            def on_signal() -> None:
-                if engine.stopping:
-                    engine.cfg.drain_timeout_s = 0
-                    engine.cancel_inflight()
-                else:
-                    engine.stop("signal")
-
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                with contextlib.suppress(NotImplementedError, RuntimeError):
-                    loop.add_signal_handler(sig, on_signal)
+            aio.install_stop_signals(loop, engine.request_stop)
 
         async def watch() -> None:
             while True:
@@ -86,21 +72,18 @@ def _worker_entry(spec: DriveSpec, stop_evt, q) -> None:
                 if engine_box:
                     e = engine_box[0]
                     q.put(("stats", spec.worker, asdict(e.stats)))
-                    if stop_evt.is_set():
-                        if e.stopping:
-                            e.cfg.drain_timeout_s = 0
-                            e.cancel_inflight()
-                        else:
-                            e.stop("signal")
+                    if stop_evt.is_set() or force_evt.is_set():
+                        e.request_stop(force_evt.is_set())
 
         w = asyncio.create_task(watch())
         try:
             return await drive(spec, on_engine)
         finally:
             w.cancel()
+            aio.remove_stop_signals(loop)
 
     try:
-        result = asyncio.run(main())
+        result = aio.run(main())
         q.put(("done", spec.worker, asdict(result)))
     except BaseException as exc:  # report, never hang the parent
         q.put(("error", spec.worker, f"{type(exc).__name__}: {exc}"))
@@ -112,9 +95,10 @@ class WorkerPool:
     def __init__(self, specs: list[DriveSpec]) -> None:
         self.specs = specs
         ctx = mp.get_context("spawn")
-        self.stop_evt = ctx.Event()
+        self.stop_evt, self.force_evt = ctx.Event(), ctx.Event()
         self.q = ctx.Queue()
-        self.procs = [ctx.Process(target=_worker_entry, args=(s, self.stop_evt, self.q),
+        self.procs = [ctx.Process(target=_worker_entry,
+                                  args=(s, self.stop_evt, self.force_evt, self.q),
                                   name=f"agentx-worker-{s.worker}", daemon=True) for s in specs]
         self.stats = LiveStats(lanes=sum(len(s.lanes) for s in specs))
         self._per_worker: dict[int, dict] = {}
@@ -125,8 +109,11 @@ class WorkerPool:
         for p in self.procs:
             p.start()
 
-    def request_stop(self) -> None:
+    def request_stop(self, force: bool = False) -> None:
+        """Every worker: drain (Engine.request_stop), or with force cancel in-flight now."""
         self.stop_evt.set()
+        if force:
+            self.force_evt.set()
 
     def _merge_stats(self) -> None:
         merge_live(self.stats, list(self._per_worker.values()))

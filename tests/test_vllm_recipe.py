@@ -1,0 +1,144 @@
+"""Acceptance against real vLLM: every `--speculative-config` and `--kv-transfer-config` that
+the shipped recipes render (all points, all concurrencies) is accepted by vLLM's own argument
+parser and config classes, the Mooncake config file by vLLM's Mooncake config loader, and
+deliberately wrong keys are rejected (see tests/vllm_env/check_recipe_configs.py for what
+can be checked without a GPU or a model download). Then `agentx serve tiny-cpu` runs the real
+CPU server: /health answers and stopping leaves no process of its group."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from agentx.recipe.load import load_recipe, recipe_names
+from agentx.recipe.render import render
+from agentx.recipe.serve import launch
+
+pytestmark = pytest.mark.vllm
+
+CHECKER = Path(__file__).resolve().parent / "vllm_env" / "check_recipe_configs.py"
+HOST_MIB = 1_471_356  # the B300 recipes read host DRAM at render time: pin it
+
+
+def _server_args(argv: list[str], command: list[str]) -> list[str]:
+    """The arguments after the launcher, with the model as --model (the API server's form)."""
+    rest = argv[len(command):]
+    return ["--model", *rest] if rest[0] != "--model" else rest
+
+
+def _cases(tmp_path: Path, assets) -> list[dict]:
+    cases, seen = [], set()
+    env = {"AGENTX_TINY_ASSETS": str(assets.root), "AGENTX_QWEN3_DUMMY": str(assets.root)}
+    for name in recipe_names():
+        recipe, path = load_recipe(name)
+        for i, point in enumerate(recipe.points):
+            for conc in point.conc:
+                wd = tmp_path / f"{name}-{i}-{conc}"
+                r = render(recipe, i, conc=conc, recipe_dir=path.parent, workdir=wd,
+                           environ=env, host_dram_mib=HOST_MIB)
+                key = (r.command().split(" --port ")[1].split(" ", 1)[1],
+                       tuple(r.files.values()))
+                if key in seen:
+                    continue
+                seen.add(key)
+                case = {"id": f"{name} point {i} conc {conc}", "draft": str(assets.eagle3_dir),
+                        "target": str(assets.model_dir), "mooncake_config": None,
+                        "segment_bytes": None,
+                        "args": _server_args(r.argv, [c for c in r.argv[:len(recipe.command)]])}
+                for file, content in r.files.items():
+                    wd.mkdir(parents=True, exist_ok=True)
+                    Path(file).write_text(content)
+                    case["mooncake_config"] = file
+                    case["segment_bytes"] = json.loads(content)["global_segment_size"] \
+                        and int(json.loads(content)["global_segment_size"][:-2]) * 2**30
+                cases.append(case)
+    return cases
+
+
+def _mutate(case: dict, flag: str, change) -> list[str]:
+    args = list(case["args"])
+    i = args.index(flag) + 1
+    args[i] = json.dumps(change(json.loads(args[i])))
+    return args
+
+
+def _wrong(cases: list[dict], tmp_path: Path) -> dict[str, tuple[dict, str]]:
+    """Deliberately wrong variants of real cases, each with the message vLLM must give."""
+    mc = next(c for c in cases if c["mooncake_config"] and "--speculative-config" in c["args"])
+    simple = next(c for c in cases if "SimpleCPUOffloadConnector" in " ".join(c["args"]))
+    bad_file = tmp_path / "bad_mooncake.json"
+    bad_file.write_text(Path(mc["mooncake_config"]).read_text().replace('GB"', ' GiB"', 1))
+
+    def spec_key(d):
+        d["num_speculative_token"] = d.pop("num_speculative_tokens")
+        return d
+
+    def al_too_high(d):
+        d["synthetic_acceptance_length"] = d["num_speculative_tokens"] + 1.5
+        return d
+
+    def kv_key(d):
+        d["kv_conector"] = d.pop("kv_connector")
+        return d
+
+    def extra_key(d):
+        d["kv_connector_extra_config"]["cpu_byte_to_use"] = \
+            d["kv_connector_extra_config"].pop("cpu_bytes_to_use")
+        return d
+
+    return {
+        "wrong speculative key": ({**mc, "args": _mutate(mc, "--speculative-config", spec_key)},
+                                  "num_speculative_token"),
+        "synthetic AL > K+1": ({**mc, "args": _mutate(mc, "--speculative-config", al_too_high)},
+                               "synthetic_acceptance_length must be in [1, 4]"),
+        "wrong kv-transfer key": ({**mc, "args": _mutate(mc, "--kv-transfer-config", kv_key)},
+                                  "kv_conector"),
+        "wrong connector extra key": (
+            {**simple, "args": _mutate(simple, "--kv-transfer-config", extra_key)},
+            "cpu_byte_to_use"),
+        "wrong mooncake size unit": ({**mc, "mooncake_config": str(bad_file)}, "Invalid format"),
+    }
+
+
+def test_every_rendered_config_is_accepted_by_vllm(tmp_path, vllm_python, vllm_assets):
+    cases = _cases(tmp_path, vllm_assets)
+    names = {c["id"].split(" point")[0] for c in cases}
+    assert names == set(recipe_names())
+    wrong = _wrong(cases, tmp_path)
+    all_cases = cases + [{**c, "id": f"WRONG {label}"} for label, (c, _) in wrong.items()]
+    (tmp_path / "cases.json").write_text(json.dumps(all_cases))
+    proc = subprocess.run([str(vllm_python), str(CHECKER), str(tmp_path / "cases.json"),
+                           str(tmp_path / "out.json")], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "out.json").read_text())
+    rejected = {k: v["error"] for k, v in results.items() if not k.startswith("WRONG")
+                and not v["ok"]}
+    assert rejected == {}
+    for label, (_, message) in wrong.items():
+        res = results[f"WRONG {label}"]
+        assert not res["ok"] and message in res["error"], (label, res)
+
+
+def test_agentx_serve_tiny_cpu_real_vllm(tmp_path, vllm_python, vllm_assets, vllm_servers,
+                                         monkeypatch):
+    import urllib.request
+
+    from test_recipe import _group_members
+
+    vllm_servers.stop()  # one vLLM at a time on this machine
+    monkeypatch.setenv("AGENTX_TINY_ASSETS", str(vllm_assets.root))
+    monkeypatch.setenv("AGENTX_VLLM_PYTHON", str(vllm_python))
+    recipe, path = load_recipe("tiny-cpu")
+    with launch(recipe, 0, workdir=tmp_path, recipe_dir=path.parent, source=str(path),
+                health_timeout=600) as server:
+        with urllib.request.urlopen(server.base_url + "/health", timeout=10) as resp:
+            assert resp.status == 200
+        with urllib.request.urlopen(server.base_url + "/v1/models", timeout=10) as resp:
+            assert [m["id"] for m in json.loads(resp.read())["data"]] == ["tiny"]
+        pgid = server.pgid
+        assert len(_group_members(pgid)) >= 2  # the API server and its engine core
+    assert _group_members(pgid) == []
+    assert "speculative" in (tmp_path / "server.log").read_text().lower()

@@ -32,8 +32,8 @@ import traceback
 from pathlib import Path
 
 CONNECTOR_SOURCES = {  # where each connector reads kv_connector_extra_config
-    "SimpleCPUOffloadConnector": ["distributed/kv_transfer/kv_connector/v1/"
-                                  "simple_cpu_offload_connector.py"],
+    "SimpleCPUOffloadConnector": [
+        "distributed/kv_transfer/kv_connector/v1/simple_cpu_offload_connector.py"],
     "MooncakeStoreConnector": ["distributed/kv_transfer/kv_connector/v1/mooncake/store"],
 }
 _KEY_READ = re.compile(r"""(?:\.get\(\s*|\[)\s*["']([a-z_]+)["']""")

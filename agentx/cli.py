@@ -9,6 +9,7 @@ from .errors import InputError
 
 def build_parser() -> argparse.ArgumentParser:
     from .recipe.cli import add_parsers as add_recipe
+    from .report.cli import add_parser as add_report
     from .run_cli import add_parser as add_run
     from .sim.cli import add_parser as add_sim
     from .trace.cli import add_parser as add_trace
@@ -19,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_trace(sub)
     add_sim(sub)
     add_recipe(sub)
+    add_report(sub)
     return p
 
 

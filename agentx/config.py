@@ -6,16 +6,20 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import SecretStr, field_validator, model_validator
+from pydantic import BeforeValidator, SecretStr, field_validator, model_validator
 
+from .metrics.goodput import slo_option
 from .options import FieldError, StrictModel, opt
 from .sim.config import SimConfig
 from .urls import normalise_base_url, redact_url
 
 WORKLOAD, TARGET, SYNTH, OUTPUT = ("workload", "target", "prompt synthesis",
                                    "output and validation")
+# `ttft:MS,tpot:MS,e2el:MS` -> {"ttft": MS, ...}; Annotated so the command line hands the
+# string to this validator instead of parsing it as JSON like other mappings
+SLO = Annotated[dict[str, float], BeforeValidator(slo_option)]
 
 
 class RunConfig(StrictModel):
@@ -84,6 +88,9 @@ class RunConfig(StrictModel):
                                   group=OUTPUT, ge=1.0)
     al_tolerance: float = opt(0.05, "allowed |measured - expected| acceptance length",
                               group=OUTPUT, gt=0.0)
+    slo: SLO | None = opt(None, "latency SLOs in ms, e.g. ttft:2000,tpot:50,e2el:60000: the "
+                          "summary adds the share of requests meeting each and goodput (as "
+                          "vllm bench serve --goodput)", group=OUTPUT)
     expect_offload: bool = opt(False, "an offload connector is configured: offload hits must "
                                "appear", group=OUTPUT)
     loop_lag_threshold_ms: float | None = opt(

@@ -25,6 +25,7 @@ from .engine.drive import DriveResult, DriveSpec, drive, split_count, split_lane
 from .engine.lanes import Engine
 from .engine.workers import WorkerPool, auto_workers, merge_records, usable_cores
 from .errors import InputError
+from .metrics.goodput import goodput
 from .metrics.server_metrics import kv_pool
 from .metrics.summary import dist, summarize
 from .prompt.token_model import TokenModel, builtin_model, hf_model
@@ -238,6 +239,8 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
     sm = server_metrics or {}
     s = summarize(records, window_s=(t_end - t0) / 1e9, gpus=cfg.gpus,
                   block_size=sm.get("kv_block_size"), kv_pool_tokens=sm.get("kv_pool_tokens"))
+    if cfg.slo:
+        s["goodput"] = goodput(records, cfg.slo, s["throughput"]["window_s"])
     cpu = [x.cpu_util for x in results if x.cpu_util is not None]
     s["client"].update({
         "workers": n_workers,

@@ -25,14 +25,21 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     th = summary["throughput"]
     cache = summary["cache"]
     lines = [
-        f"requests: {summary['completed']} completed, {summary['failed']} failed, "
-        f"{summary['cancelled']} cancelled, {summary['warmup_requests']} warm-up (excluded)",
+        (f"requests: {summary['completed']} completed, {summary['failed']} failed, "
+         f"{summary['cancelled']} cancelled, {summary['warmup_requests']} warm-up (excluded)"),
         f"throughput: {_f(th['total_tok_s'])} tok/s total, {_f(th['output_tok_s'])} output tok/s, "
         f"{_f(th['requests_s'], 3)} req/s over {_f(th['window_s'])} s"
         + (f", {_f(th['per_gpu_tok_s'])} tok/s/GPU" if th.get("per_gpu_tok_s") else ""),
-        f"prefix cache: achieved {_pct(cache['achieved_hit_rate'])}, "
-        f"trace-theoretical {_pct(cache['theoretical_hit_rate'])}",
+        (f"prefix cache: achieved {_pct(cache['achieved_hit_rate'])}, "
+         f"trace-theoretical {_pct(cache['theoretical_hit_rate'])}"),
     ]
+    gp = summary.get("goodput")
+    if gp:
+        slo = ", ".join(f"{k} <= {v:g} ms" for k, v in gp["slo_ms"].items())
+        met = ", ".join(f"{k} {_pct(v)}" for k, v in gp["met"].items())
+        lines.append(f"goodput ({slo}): {_f(gp['requests_s'], 3)} req/s, "
+                     f"{_f(gp['total_tok_s'])} tok/s, {_f(gp['output_tok_s'])} output tok/s; "
+                     f"met: {met}")
     if summary.get("errors"):
         lines.append("errors: " + ", ".join(f"{k}={v}" for k, v in summary["errors"].items()))
     sm = summary.get("server_metrics") or {}
@@ -44,6 +51,9 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         lines.append(f"client: loop lag p99 {_f(cl['loop_lag_ms'].get('p99'), 2)} ms, dispatch lag "
                      f"p99 {_f((cl.get('dispatch_lag_ms') or {}).get('p99'), 2)} ms, "
                      f"cpu {_pct(cl.get('cpu_util'))}")
+    if summary.get("rebuilt"):
+        lines.append(f"REBUILT from the records of a run that did not finish "
+                     f"(stop: {summary.get('stop_reason')})")
     v = summary.get("validation")
     if v:
         lines.append(f"validation: {v['verdict']}" + (

@@ -1,0 +1,135 @@
+"""`agentx report DIR...`: one run -> its console table and PNG plots; several runs (or a
+directory of runs) -> one CSV row each, and the Pareto frontier as PNG and table. A run killed
+before writing summary.json gets it rebuilt from its records first."""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import InputError
+from ..metrics.goodput import parse_slo
+from .pareto import INTERACTIVITY, frontier_key, mark_frontiers, run_row
+from .rebuild import Run, find_runs, load_run
+
+CSV_NAME, PARETO_PNG = "runs.csv", "pareto.png"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="tables and plots of finished (or killed) runs; the "
+                       "Pareto frontier of several", description=__doc__)
+    p.add_argument("dirs", nargs="+", metavar="DIR",
+                   help="run directories, or directories holding run directories")
+    p.add_argument("--gpus", metavar="N", help="GPUs behind the server, for runs that did not "
+                   "record --gpus (per-GPU columns; default 1)")
+    p.add_argument("--slo", metavar="ttft:MS,tpot:MS,e2el:MS",
+                   help="compute goodput with these SLOs from each run's records")
+    p.add_argument("--goodput", action="store_true",
+                   help="Pareto on goodput tok/s per GPU instead of throughput (needs --slo "
+                   "or runs made with --slo)")
+    p.add_argument("-o", "--out", metavar="DIR", help=f"where {CSV_NAME} and {PARETO_PNG} "
+                   "go (default: the runs' common parent directory)")
+    p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
+                   help="write PNG plots (default: on)")
+    p.set_defaults(func=main)
+
+
+def _options(args: argparse.Namespace) -> tuple[int | None, dict | None]:
+    gpus = None
+    if args.gpus is not None:
+        if not str(args.gpus).isdigit() or int(args.gpus) < 1:
+            raise InputError("command line", f"must be an integer >= 1 (got {args.gpus!r})",
+                             field="--gpus")
+        gpus = int(args.gpus)
+    slo = None
+    if args.slo is not None:
+        try:
+            slo = parse_slo(args.slo)
+        except ValueError as e:
+            raise InputError("command line", f"{e} (got {args.slo!r})", field="--slo") from None
+    return gpus, slo
+
+
+def main(args: argparse.Namespace) -> int:
+    gpus, slo = _options(args)
+    console = Console()
+    runs = [load_run(d, gpus=gpus, slo=slo) for d in find_runs(args.dirs)]
+    for r in runs:
+        for note in r.notes:
+            console.print(f"agentx report: {r.dir}: {note}")
+    if len(runs) == 1:
+        return report_one(runs[0], console, plots=args.plots)
+    out = Path(args.out) if args.out else common_parent([r.dir for r in runs])
+    return report_many(runs, out, console, goodput=args.goodput, gpus=gpus, plots=args.plots)
+
+
+def report_one(run: Run, console: Console, *, plots: bool = True) -> int:
+    from .console import print_summary
+
+    print_summary(run.summary, console)
+    if plots:
+        from .plots import latency_cdfs, server_timeseries
+
+        title = f"{run.dir.name}: {(run.summary.get('config') or {}).get('trace') or ''}"
+        made = [latency_cdfs(run.records, run.dir / "latency_cdf.png", title)]
+        if run.metrics:
+            made.append(server_timeseries(run.metrics, run.dir / "server_timeseries.png",
+                                          title))
+        console.print("plots: " + ", ".join(str(p) for p in made))
+    return 0
+
+
+def report_many(runs: list[Run], out: Path, console: Console, *, goodput: bool = False,
+                gpus: int | None = None, plots: bool = True) -> int:
+    rows = [run_row(str(r.dir), r.summary, r.records, gpus) for r in runs]
+    y, y_label = ("goodput_tok_s_per_gpu", "goodput tok/s per GPU") if goodput \
+        else ("total_tok_s_per_gpu", "throughput tok/s per GPU")
+    if goodput:
+        missing = [r["run"] for r in rows if r[y] is None]
+        if missing:
+            raise InputError(missing[0], "has no goodput (it ran without --slo): give "
+                             "--slo ttft:MS,... to compute it from the records", field="--goodput")
+    mark_frontiers(rows, y)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, out / CSV_NAME)
+    print_pareto(rows, y, y_label, console)
+    console.print(f"csv: {out / CSV_NAME}")
+    if plots:
+        from .plots import pareto_plot
+
+        console.print(f"plot: {pareto_plot(rows, out / PARETO_PNG, y, y_label)}")
+    return 0
+
+
+def write_csv(rows: list[dict], path: Path) -> Path:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in rows)
+    return path
+
+
+def print_pareto(rows: list[dict], y: str, y_label: str, console: Console) -> None:
+    t = Table(title=f"{len(rows)} runs: {y_label} against interactivity in tok/s/user "
+                    "(* = on the Pareto frontier)")
+    for c in ("run", "conc", y_label.replace(" per GPU", "/GPU"), "TTFT p50 ms", "TPOT p50 ms",
+              "1000/TPOT p50", "1000/p90(E2E/OSL)", "verdict"):
+        t.add_column(c, justify="left" if c in ("run", "verdict") else "right")
+    for r in sorted(rows, key=lambda r: (r["conc"] or 0, r["run"])):
+        inter = [_f(r[c]) + (" *" if r[frontier_key(c)] else "") for c, _ in INTERACTIVITY]
+        t.add_row(os.path.basename(r["run"]), str(r["conc"] or ""), _f(r[y]),
+                  _f(r["ttft_p50_ms"]), _f(r["tpot_p50_ms"]), *inter, r["validation"]
+                  + (" (rebuilt)" if r["rebuilt"] else ""))
+    console.print(t)
+
+
+def _f(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.1f}"
+
+
+def common_parent(dirs: list[Path]) -> Path:
+    return Path(os.path.commonpath([str(d.resolve().parent) for d in dirs]))

@@ -1,0 +1,88 @@
+"""One row per run and the Pareto frontier of throughput per GPU against interactivity.
+
+Interactivity is InferenceX's x axis: tokens per second one user sees, 1000 / TPOT p50 (ms);
+and an end-to-end form, 1000 / p90(E2E ms / output tokens), which also charges the queueing
+and prefill a user waits through. A point is on the frontier when no other run has at least
+its throughput per GPU and at least its interactivity, and more of one of them.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..metrics.summary import measured
+
+# (column, x) pairs the frontier is computed for
+INTERACTIVITY = (("interactivity_tok_s_user", "1000 / TPOT p50 (tok/s/user)"),
+                 ("e2e_interactivity_tok_s_user", "1000 / p90(E2E / OSL) (tok/s/user)"))
+
+
+def frontier(points: Sequence[tuple[float | None, float | None]]) -> list[int]:
+    """Indices of the non-dominated (x, y) points, both maximised, in increasing x. Points
+    with a missing coordinate are never on it; equal points are all kept."""
+    ok = [(i, x, y) for i, (x, y) in enumerate(points) if x is not None and y is not None]
+    keep = [i for i, x, y in ok
+            if not any(x2 >= x and y2 >= y and (x2 > x or y2 > y) for _, x2, y2 in ok)]
+    return sorted(keep, key=lambda i: (points[i][0], -points[i][1]))
+
+
+def e2e_interactivity(records: list[dict]) -> float | None:
+    """1000 / p90(E2E ms / output tokens) over the measured requests (tok/s/user)."""
+    per_tok = [r["e2e_ms"] / r["osl"] for r in measured(records) if r.get("osl") and r["e2e_ms"]]
+    if not per_tok:
+        return None
+    p90 = float(np.percentile(per_tok, 90))
+    return 1000.0 / p90 if p90 > 0 else None
+
+
+def _label(summary: dict, key: str) -> str:
+    v = summary.get(key)
+    if isinstance(v, dict):
+        v = v.get("name") or v.get("label")
+    return "" if v is None else str(v)
+
+
+def run_row(name: str, summary: dict, records: list[dict], gpus: int | None = None) -> dict:
+    """The CSV row of one run. `gpus` applies when the run recorded none (else 1: a per-GPU
+    column then equals the total, and the `gpus` column says 1)."""
+    cfg = summary.get("config") or {}
+    n_gpu = cfg.get("gpus") or summary.get("gpus") or gpus or 1
+    th = summary["throughput"]
+    gp = summary.get("goodput") or {}
+    v = (summary.get("validation") or {}).get("verdict", "")
+    tpot_p50 = (summary.get("tpot_ms") or {}).get("p50")
+    pct = {k: (summary.get(k) or {}) for k in ("ttft_ms", "tpot_ms")}
+    return {
+        "run": name, "recipe": _label(summary, "recipe"), "point": _label(summary, "point"),
+        "trace": cfg.get("trace") or "", "conc": cfg.get("conc"), "gpus": n_gpu,
+        "rebuilt": bool(summary.get("rebuilt")), "completed": summary["completed"],
+        "total_tok_s": th["total_tok_s"], "total_tok_s_per_gpu": th["total_tok_s"] / n_gpu,
+        "output_tok_s": th["output_tok_s"], "output_tok_s_per_gpu": th["output_tok_s"] / n_gpu,
+        "ttft_p50_ms": pct["ttft_ms"].get("p50"), "ttft_p90_ms": pct["ttft_ms"].get("p90"),
+        "ttft_p99_ms": pct["ttft_ms"].get("p99"),
+        "tpot_p50_ms": tpot_p50, "tpot_p90_ms": pct["tpot_ms"].get("p90"),
+        "interactivity_tok_s_user": 1000.0 / tpot_p50 if tpot_p50 else None,
+        "e2e_interactivity_tok_s_user": e2e_interactivity(records),
+        "goodput_req_s": gp.get("requests_s"), "goodput_tok_s": gp.get("total_tok_s"),
+        "goodput_tok_s_per_gpu": gp["total_tok_s"] / n_gpu if gp else None,
+        "slo_met_all": (gp.get("met") or {}).get("all"),
+        "hit_rate": (summary.get("cache") or {}).get("achieved_hit_rate"),
+        "server_hit_rate": ((summary.get("server_metrics") or {}).get("prefix_cache")
+                            or {}).get("hit_rate"),
+        "validation": v,
+    }
+
+
+def frontier_key(col: str) -> str:
+    """The row's boolean column: on the frontier against interactivity `col`."""
+    return f"frontier_{col.removesuffix('_tok_s_user')}"
+
+
+def mark_frontiers(rows: list[dict], y: str = "total_tok_s_per_gpu") -> list[dict]:
+    """Add `frontier_<x>` booleans to each row, one per interactivity definition."""
+    for col, _ in INTERACTIVITY:
+        on = set(frontier([(r[col], r[y]) for r in rows]))
+        for i, r in enumerate(rows):
+            r[frontier_key(col)] = i in on
+    return rows

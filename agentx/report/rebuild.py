@@ -1,0 +1,188 @@
+"""A run directory as the report reads it: its records, its /metrics series and its summary,
+rebuilt when the run was killed before writing one.
+
+A run killed with SIGKILL leaves requests.jsonl (streamed line by line) and, with --workers,
+per-worker `requests.w*.jsonl` that were never merged; maybe a partial metrics.jsonl, and no
+summary.json. `load_run` merges the worker files, then rebuilds the summary with the same
+`summarize` the live run uses, marked `"rebuilt": true` and `stop_reason: "killed"` and failed
+in validation, so nobody mistakes it for a clean run.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from ..errors import InputError
+from ..metrics import server_metrics as sm
+from ..metrics.goodput import goodput
+from ..metrics.prom import Snapshot
+from ..metrics.scraper import SERIES_KEYS
+from ..metrics.summary import summarize
+
+REQUESTS, SUMMARY, METRICS_FILE = "requests.jsonl", "summary.json", "metrics.jsonl"
+WORKER_GLOB = "requests.w*.jsonl"
+KILLED = "killed: the run ended without writing summary.json; rebuilt from its records " \
+         "by agentx report (window and config estimated, server series possibly partial)"
+
+
+@dataclass
+class Run:
+    """One run directory, loaded."""
+
+    dir: Path
+    summary: dict
+    records: list[dict]
+    metrics: list[dict] = field(default_factory=list)  # metrics.jsonl rows
+    notes: list[str] = field(default_factory=list)  # what loading had to repair
+
+
+def read_jsonl(path: Path) -> tuple[list[dict], int]:
+    """Rows of a JSON-lines file and how many lines were unreadable (a process killed while
+    writing can leave half a line)."""
+    rows, bad = [], 0
+    if not path.exists():
+        return rows, bad
+    with open(path, "rb") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                bad += 1
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+            else:
+                bad += 1
+    return rows, bad
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / SUMMARY).exists() or (path / REQUESTS).exists() \
+        or any(path.glob(WORKER_GLOB))
+
+
+def find_runs(paths: list[str]) -> list[Path]:
+    """Each path is a run directory, or a directory of them (a sweep's root)."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise InputError(str(p), "is not a directory", field="DIR")
+        if is_run_dir(p):
+            out.append(p)
+            continue
+        subs = sorted(d for d in p.iterdir() if d.is_dir() and is_run_dir(d))
+        if not subs:
+            raise InputError(str(p), "holds no run (no summary.json or requests.jsonl in it "
+                             "or its subdirectories)", field="DIR")
+        out.extend(subs)
+    return out
+
+
+def merge_worker_files(run_dir: Path) -> int:
+    """Fold unmerged `requests.w*.jsonl` into requests.jsonl (ordered by request start, each
+    request once), then remove them. Returns the number of worker files merged."""
+    parts = sorted(run_dir.glob(WORKER_GLOB))
+    if not parts:
+        return 0
+    rows: dict[str, dict] = {}
+    for path in [run_dir / REQUESTS, *parts]:
+        for r in read_jsonl(path)[0]:
+            rows.setdefault(r.get("request_id", f"{path.name}:{len(rows)}"), r)
+    tmp = run_dir / (REQUESTS + ".tmp")
+    with open(tmp, "wb") as f:
+        for r in sorted(rows.values(), key=lambda r: r.get("start_ns", 0)):
+            f.write(orjson.dumps(r) + b"\n")
+    os.replace(tmp, run_dir / REQUESTS)
+    for p in parts:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+    return len(parts)
+
+
+def load_run(run_dir: Path, *, gpus: int | None = None, slo: dict | None = None) -> Run:
+    """Load a run; rebuild (and write) summary.json when the run left none. With `slo`, a run
+    that recorded no goodput (or other SLOs) gets it computed from its records, in memory."""
+    notes = []
+    merged = merge_worker_files(run_dir)
+    if merged:
+        notes.append(f"merged {merged} unmerged worker record file(s) into {REQUESTS}")
+    records, bad = read_jsonl(run_dir / REQUESTS)
+    if bad:
+        notes.append(f"skipped {bad} unreadable line(s) in {REQUESTS}")
+    metrics, bad_m = read_jsonl(run_dir / METRICS_FILE)
+    summary_path = run_dir / SUMMARY
+    if summary_path.exists():
+        try:
+            summary = orjson.loads(summary_path.read_bytes())
+        except orjson.JSONDecodeError as e:
+            raise InputError(str(summary_path), f"not valid JSON ({e})") from None
+    else:
+        if not records:
+            raise InputError(str(run_dir), f"no {SUMMARY} and no readable request in "
+                             f"{REQUESTS}: nothing to report")
+        summary = rebuild_summary(records, metrics, gpus=gpus, slo=slo)
+        summary["rebuilt_from"] = {"records": len(records), "unreadable_lines": bad,
+                                   "worker_files_merged": merged, "metrics_rows": len(metrics),
+                                   "unreadable_metrics_lines": bad_m}
+        summary_path.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+        notes.append(f"no {SUMMARY}: rebuilt it from {len(records)} records"
+                     + (f" and {len(metrics)} /metrics scrapes" if metrics else ""))
+    if slo and (summary.get("goodput") or {}).get("slo_ms") != slo:
+        summary["goodput"] = goodput(records, slo, summary["throughput"]["window_s"])
+    return Run(run_dir, summary, records, metrics, notes)
+
+
+def measurement_window_s(records: list[dict]) -> float:
+    """The live run's window, estimated from the records: from the engine's start (the first
+    intended send) or, when a warm-up period flagged turns, from the first measured request's
+    intended send, to the last measured completion."""
+    def sent(r: dict) -> int:
+        return r.get("intended_send_ns") or r["start_ns"]
+
+    t0 = min(sent(r) for r in records)
+    if any(r["warmup"] and r.get("kind") == "turn" for r in records):
+        t0 = min((sent(r) for r in records if not r["warmup"]), default=t0)
+    ends = [r["end_ns"] for r in records if r["ok"] and not r["warmup"]] \
+        or [r["end_ns"] for r in records]
+    return max(0, max(ends) - t0) / 1e9
+
+
+def rebuild_summary(records: list[dict], metrics: list[dict], *, gpus: int | None = None,
+                    slo: dict | None = None) -> dict:
+    """summary.json of a killed run: the live run's `summarize` over the records, the
+    server_metrics block from the metrics.jsonl series (incomplete window), marked rebuilt."""
+    server = series_server_metrics(metrics) if metrics else None
+    sm_ = server or {}
+    s = summarize(records, window_s=measurement_window_s(records), gpus=gpus,
+                  block_size=sm_.get("kv_block_size"), kv_pool_tokens=sm_.get("kv_pool_tokens"))
+    if slo:
+        s["goodput"] = goodput(records, slo, s["throughput"]["window_s"])
+    s["server_metrics"] = server
+    s["stop_reason"] = "killed"
+    s["rebuilt"] = True
+    s["config"] = {"trace": None, "conc": len({r["lane"] for r in records}), "gpus": gpus,
+                   "slo": slo, "inferred": "conc = lanes seen in the records; the rest unknown"}
+    s["validation"] = {"verdict": "fail", "reasons": [KILLED], "skipped": [], "checks": []}
+    return s
+
+
+def series_server_metrics(rows: list[dict]) -> dict:
+    """server_metrics from metrics.jsonl rows through the live run's `compute`: each row
+    becomes a Snapshot of the series' samples (counters' deltas and gauges' time-weighted
+    means as a full run would compute them, over the scrapes that were written)."""
+    snaps = []
+    for row in rows:
+        samples = {(SERIES_KEYS[k][0], frozenset()): float(v) for k, v in row.items()
+                   if k in SERIES_KEYS and v is not None}
+        snaps.append(Snapshot(t=float(row.get("t", 0.0)), samples=samples,
+                              families={name: "unknown" for name, _ in samples},
+                              wall=float(row.get("wall", 0.0))))
+    out = sm.compute(None, None, snaps)
+    out["rebuilt_from_series"] = True
+    return out

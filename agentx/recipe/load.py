@@ -17,13 +17,14 @@ RECIPES_DIR_ENV = "AGENTX_RECIPES_DIR"
 
 
 def recipes_dir() -> Path:
-    """$AGENTX_RECIPES_DIR, else `recipes/` of the checkout, else the copy shipped in the wheel."""
+    """$AGENTX_RECIPES_DIR if set; else `agentx/_recipes` in an installed wheel (setup.py ships
+    the repo's top-level recipes/ there, as it does traces/); else <repo>/recipes."""
     env = os.environ.get(RECIPES_DIR_ENV)
     if env:
         return Path(env)
     pkg = Path(agentx.__file__).resolve().parent
-    checkout = pkg.parent / "recipes"
-    return checkout if checkout.is_dir() else pkg / "_data" / "recipes"
+    shipped = pkg / "_recipes"
+    return shipped if shipped.is_dir() else pkg.parent / "recipes"
 
 
 def recipe_names() -> list[str]:

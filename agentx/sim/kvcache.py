@@ -5,13 +5,16 @@
 - Blocks a running request references have ref_cnt > 0 and cannot be evicted. When a request
   finishes its blocks are freed tail-first into an LRU free queue, so its prefix is evicted
   last; a freed block keeps its hash (reusable) until it is popped for a new allocation.
+  Blocks without a hash are freed to the queue's front. The same order, over content keys
+  instead of block ids, is agentx.prefix_cache (what the client expects; the cache tests
+  check this pool against it).
 - A prompt may hit at most (prompt_len - 1) tokens: vLLM always recomputes the last token.
 - Evictions are reported to an optional listener (the offload tier's lazy store).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -28,16 +31,6 @@ def block_hashes(token_ids: np.ndarray, block_size: int, salt: str | None = None
     h = hash(("agentx-root", salt)) if parent is None else parent
     for i in range(n_full):
         h = hash((h, data[i * step:(i + 1) * step]))
-        out.append(h)
-    return out
-
-
-def chain_keys(keys: Iterable, salt: str | None = None) -> list[int]:
-    """Chained hashes from per-block content keys (e.g. a trace's hash_ids), same rule as above."""
-    out = []
-    h = hash(("agentx-root", salt))
-    for k in keys:
-        h = hash((h, k))
         out.append(h)
     return out
 
@@ -119,12 +112,16 @@ class BlockPool:
         return True
 
     def release(self, blocks: Sequence[int]) -> None:
-        """Drop a request's references, tail first, so its prefix stays cached longest."""
-        ref, free = self.ref, self.free
+        """Drop a request's references, tail first, so its prefix stays cached longest; blocks
+        without a hash go to the queue's front instead and are reused first (vLLM 0.32
+        `BlockPool.free_blocks`), so they never displace cached content."""
+        ref, free, bhash = self.ref, self.free, self.bhash
         for b in reversed(blocks):
             ref[b] -= 1
             if ref[b] == 0:
                 free[b] = None
+                if bhash[b] is None:
+                    free.move_to_end(b, last=False)
 
     def reset(self) -> None:
         """Forget every cached block that is not in use (vLLM's /reset_prefix_cache)."""
@@ -133,29 +130,3 @@ class BlockPool:
             if h is not None and self.cached.get(h) == b:
                 del self.cached[h]
             self.bhash[b] = None
-
-
-class PrefixCacheModel:
-    """Hit accounting of a sequence of prompts through a BlockPool, one request at a time.
-
-    The in-process API the cache-accounting test drives with a trace's hash_ids: allocate the
-    prompt (hits + new blocks), commit its full blocks, free it. Returns hit tokens.
-    """
-
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        self.pool = BlockPool(num_blocks, block_size)
-
-    def run(self, hashes: Sequence[int], prompt_len: int) -> int:
-        bs = self.pool.block_size
-        limit = (prompt_len - 1) // bs
-        hit = self.pool.match(hashes, limit)
-        blocks = self.pool.touch(hashes[:hit])
-        need = -(-prompt_len // bs) - hit
-        new = self.pool.allocate(need)
-        if new is None:
-            raise ValueError(f"prompt of {prompt_len} tokens does not fit {self.pool.num_blocks} blocks")
-        blocks += new
-        for i in range(hit, min(len(hashes), prompt_len // bs)):
-            self.pool.commit(blocks[i], hashes[i])
-        self.pool.release(blocks)
-        return hit * bs

@@ -1,4 +1,4 @@
-"""Shared fixtures: paths to ../shared (read in place, never copied)."""
+"""Shared fixtures and the one place that knows where the test data lives (tests/data)."""
 from __future__ import annotations
 
 import sys
@@ -6,21 +6,20 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/ helpers: vllm_env, tracegen
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/ helpers: vllm_env, helpers
 
 pytest_plugins = ["vllm_env.fixtures"]  # real-vLLM fixtures (tests/vllm_env)
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-SAMPLES = SHARED / "vllm-samples"
-REAL_TRACES = SHARED / "traces" / "claude-code-traces.tar.xz"
+DATA = REPO / "tests" / "data"  # sources and licences: tests/data/NOTICE
+SAMPLES = DATA / "vllm-samples"  # captured vLLM 0.32 responses and /metrics pages
+REAL_TRACES = DATA / "traces" / "claude-code-traces.tar.xz"  # 533 real Claude Code sessions
+H200_RUNS = DATA / "h200-runs"  # agentx runs against vLLM 0.24 on one H200
 
 
 @pytest.fixture(scope="session")
 def real_stats() -> dict:
     """`trace_stats` of the 533 real sessions, computed once per test run."""
-    if not REAL_TRACES.is_file():
-        pytest.skip("../shared/traces/claude-code-traces.tar.xz not present")
     from agentx.trace.load import load_traces
     from agentx.trace.stats import trace_stats
 
@@ -29,6 +28,4 @@ def real_stats() -> dict:
 
 @pytest.fixture(scope="session")
 def samples_dir() -> Path:
-    if not SAMPLES.is_dir():
-        pytest.skip("../shared/vllm-samples not present")
     return SAMPLES

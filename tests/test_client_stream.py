@@ -8,17 +8,12 @@ from __future__ import annotations
 
 import asyncio
 
-import orjson
 import pytest
 from aiohttp import web
 
 from agentx.client.http import ClientConfig, make_session, stream_request
-from agentx.client.sse import SSESplitter
 from agentx.records import RequestRecord
-
-
-def _events(raw: bytes) -> list[dict]:
-    return [orjson.loads(p[6:]) for p in raw.split(b"\n\n") if p.startswith(b"data: {")]
+from helpers import SSESplitter, sse_events
 
 
 async def _serve(raw: bytes, cut: int, gap_s: float, status: int = 200):
@@ -57,7 +52,7 @@ async def _run(raw: bytes, cut: int = 97, gap_s: float = 0.001, status: int = 20
 @pytest.mark.parametrize("cut", [1, 7, 97, 100000])
 async def test_vllm_stream_parsed_exactly(samples_dir, name, cut):
     raw = (samples_dir / name).read_bytes()
-    events = _events(raw)
+    events = sse_events(raw)
     final = events[-1]
     rec = await _run(raw, cut=cut, gap_s=0 if cut < 10 else 0.001)
     assert rec.ok and rec.error is None

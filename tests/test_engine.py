@@ -21,7 +21,7 @@ import pytest
 
 from agentx.records import read_records
 from agentx.run import RunConfig, max_overlap, run
-from tracegen import write_trace
+from helpers import write_trace
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = {"profile": "cpu-tiny", "time_scale": 20.0}

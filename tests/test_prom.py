@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -17,10 +16,7 @@ from aiohttp import web
 from agentx.metrics import server_metrics as sm
 from agentx.metrics.prom import counter_delta, parse_metrics
 from agentx.metrics.scraper import MetricsScraper, metrics_url
-
-SAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "vllm-samples"
-if not (SAMPLES / "metrics_after.txt").exists():
-    pytest.skip(f"vLLM samples not found at {SAMPLES}", allow_module_level=True)
+from conftest import SAMPLES
 
 BEFORE = (SAMPLES / "metrics_before.txt").read_text()
 AFTER = (SAMPLES / "metrics_after.txt").read_text()

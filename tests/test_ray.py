@@ -7,7 +7,6 @@ server's arrival times). Multi-host clock handling is checked on its own pure fu
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import orjson
@@ -18,19 +17,13 @@ ray = pytest.importorskip("ray")
 from agentx.engine.ray_backend import INSTANT_FIELDS, pack, shift_record_line, unpack  # noqa: E402
 from agentx.records import read_records  # noqa: E402
 from agentx.run import RunConfig, run  # noqa: E402
+from helpers import write_trace  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
 def _trace(path: Path) -> Path:
-    path.mkdir()
-    for s in range(4):
-        reqs = [{"t": float(i), "type": "n", "in": 200 + 100 * i, "out": 8,
-                 "hash_ids": list(range(1, 5 + 2 * i)), "think_time": 0.05, "input_types": []}
-                for i in range(6)]
-        (path / f"r{s}.json").write_text(json.dumps({"id": f"r{s}", "block_size": 64,
-                                                     "requests": reqs}))
-    return path
+    return write_trace(path, sessions=4, turns=6, think=0.05, out=8)
 
 
 @pytest.fixture()
@@ -82,4 +75,5 @@ def test_records_from_another_host_move_into_the_drivers_clock(tmp_path):
     dest.mkdir()
     back = Path(unpack(name, data, str(dest)))
     assert sorted(p.name for p in back.iterdir()) == sorted(p.name for p in src.iterdir())
-    assert (back / "r0.json").read_bytes() == (src / "r0.json").read_bytes()
+    one = "trace_0000.json"
+    assert (back / one).read_bytes() == (src / one).read_bytes()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import aiohttp
 import orjson
@@ -15,19 +14,15 @@ from agentx.prompt.tokenizer import BuiltinTokenizer
 from agentx.prompt.words import WORDS
 from agentx.sim.config import SimConfig
 from agentx.sim.embedded import start_in_thread
-from agentx.sim.rawclient import post_stream
+from conftest import SAMPLES
+from helpers import post_stream, sse_events
 
-SAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "vllm-samples"
 TOK = BuiltinTokenizer(WORDS)
 STREAM_OPTS = {"include_usage": True, "continuous_usage_stats": True}
 
 
 def sse(name: str) -> list:
-    out = []
-    for ev in (SAMPLES / name).read_text().split("\n\n"):
-        if ev.startswith("data: ") and ev[6:] != "[DONE]":
-            out.append(json.loads(ev[6:]))
-    return out
+    return sse_events((SAMPLES / name).read_bytes())
 
 
 def shape(x):

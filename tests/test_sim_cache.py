@@ -25,7 +25,7 @@ from agentx.prompt.words import WORDS
 from agentx.sim.config import SimConfig
 from agentx.sim.embedded import start_in_thread
 from agentx.sim.kvcache import BlockPool
-from agentx.sim.rawclient import post_stream
+from helpers import post_stream
 
 from conftest import REAL_TRACES as TRACES
 

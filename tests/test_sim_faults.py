@@ -8,7 +8,7 @@ import pytest
 
 from agentx.sim.config import SimConfig
 from agentx.sim.embedded import start_in_thread
-from agentx.sim.rawclient import post_stream
+from helpers import post_stream
 
 BODY = {"messages": [{"role": "user", "content": "fix the failing test " * 20}], "max_tokens": 40,
         "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True},

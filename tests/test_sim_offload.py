@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agentx.prompt.words import WORDS
 from agentx.sim.config import SimConfig
 from agentx.sim.embedded import start_in_thread
-from agentx.sim.rawclient import post_stream
+from helpers import post_stream
 
 POOL_TOKENS = 4096  # GPU pool: 256 blocks of 16
 N_PROMPTS, ROUNDS = 8, 4  # 8 prompts x ~1000 tokens = 2x the GPU pool, a tiny part of the CPU tier

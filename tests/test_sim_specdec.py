@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentx.sim.config import SimConfig
 from agentx.sim.embedded import start_in_thread
-from agentx.sim.rawclient import post_stream
+from helpers import post_stream
 from agentx.sim.specdec import rates_from_length
 
 

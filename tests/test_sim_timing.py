@@ -13,7 +13,7 @@ from agentx.sim.calibrate import ANCHORS, Scenario, decode_tpot_ms, simulate
 from agentx.sim.config import SimConfig
 from agentx.sim.embedded import start_in_thread
 from agentx.sim.profile import resolve
-from agentx.sim.rawclient import post_stream
+from helpers import post_stream
 from agentx.prompt.tokenizer import BuiltinTokenizer
 from agentx.prompt.words import WORDS
 

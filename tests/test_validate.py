@@ -3,17 +3,13 @@ from the real vLLM /metrics samples."""
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 
 from agentx.metrics import server_metrics as sm
 from agentx.metrics.prom import parse_metrics
 from agentx.metrics.validate import Expectations, validate
-
-SAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "vllm-samples"
-if not (SAMPLES / "metrics_after.txt").exists():
-    pytest.skip(f"vLLM samples not found at {SAMPLES}", allow_module_level=True)
+from conftest import SAMPLES
 
 BEFORE = (SAMPLES / "metrics_before.txt").read_text()
 AFTER = (SAMPLES / "metrics_after.txt").read_text()

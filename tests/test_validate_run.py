@@ -5,7 +5,6 @@ vLLM's)."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tracegen import write_trace
+from helpers import free_port, write_trace
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,9 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def sim_url():
     """The simulator as its own process (as a real server is), with synthetic acceptance."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     p = subprocess.Popen([sys.executable, "-m", "agentx.sim", "--port", str(port),
                           "--profile", "cpu-tiny", "--spec-k", "3",
                           "--synthetic-al", "2.5"], stdout=subprocess.DEVNULL,

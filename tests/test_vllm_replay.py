@@ -24,7 +24,7 @@ from agentx.records import RequestRecord, read_records
 from agentx.run import RunConfig, run
 
 from conftest import REAL_TRACES
-from tracegen import write_trace
+from helpers import write_trace
 
 pytestmark = pytest.mark.vllm
 
@@ -35,8 +35,6 @@ SLICE = 16  # sessions taken from the real set
 @pytest.fixture(scope="module")
 def real_slice(tmp_path_factory) -> Path:
     """Every 33rd session of the real archive, unpacked to a temp dir (never into the repo)."""
-    if not REAL_TRACES.exists():
-        pytest.skip("../shared/traces not present")
     out = tmp_path_factory.mktemp("real-slice")
     with tarfile.open(REAL_TRACES) as tar:
         members = sorted((m for m in tar.getmembers() if m.name.endswith(".json")),

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentx.prompt.tokenizer import HFTokenizer
 from agentx.prompt.words import WORDS
+from helpers import sse_events
 
 pytestmark = pytest.mark.vllm
 
@@ -42,17 +43,8 @@ def _post_json(base_url: str, path: str, body: dict) -> dict:
 
 def _stream_chat(base_url: str, body: dict) -> list[dict]:
     """POST a streamed chat completion; return the parsed `data:` events before [DONE]."""
-    events = []
     with _post(base_url, "/v1/chat/completions", {**body, "stream": True}) as resp:
-        for raw in resp:
-            line = raw.decode().strip()
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                break
-            events.append(json.loads(data))
-    return events
+        return sse_events(resp.read())
 
 
 def _counter(base_url: str, sample_name: str) -> float:

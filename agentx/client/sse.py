@@ -6,7 +6,7 @@ by one read gets that read's timestamp. `StreamDecoder` does the per-event accou
 (definitions in docs/metrics.md): a chunk's token count is the increase of
 `usage.completion_tokens` when the server streams continuous usage (several tokens per chunk
 under speculative decoding), else 1 per chunk that carries text; `delta.reasoning` /
-`delta.reasoning_content` count as tokens. `SSESplitter` is the bare splitter.
+`delta.reasoning_content` count as tokens.
 """
 from __future__ import annotations
 
@@ -17,34 +17,6 @@ from ..records import RequestRecord
 DONE = b"[DONE]"
 _loads = orjson.loads
 _JSONError = orjson.JSONDecodeError
-
-
-class SSESplitter:
-    __slots__ = ("_buf",)
-
-    def __init__(self) -> None:
-        self._buf = b""
-
-    def feed(self, data: bytes) -> list[bytes]:
-        """Return the payloads of the events completed by `data` (possibly none)."""
-        buf = self._buf + data if self._buf else data
-        if b"\n\n" not in buf and b"\r\n\r\n" not in buf:
-            self._buf = buf
-            return []
-        if b"\r" in buf:
-            buf = buf.replace(b"\r\n", b"\n")
-        events = buf.split(b"\n\n")
-        self._buf = events.pop()  # the unfinished tail (b"" when data ended an event)
-        out = []
-        for ev in events:
-            payload = _data_of(ev)
-            if payload is not None:
-                out.append(payload)
-        return out
-
-    @property
-    def pending(self) -> bytes:
-        return self._buf
 
 
 def _data_of(event: bytes) -> bytes | None:

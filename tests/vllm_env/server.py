@@ -15,13 +15,14 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Sequence
+
+from helpers import free_port  # tests/ is on sys.path (conftest)
 
 from .build_assets import REPO, Assets
 
@@ -34,12 +35,6 @@ DEFAULT_MAX_MODEL_LEN = 16384
 
 class ServerStartError(RuntimeError):
     """The server exited or did not become healthy in time; the message ends with its log."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def parse_kv_pool_tokens(log_text: str) -> int | None:

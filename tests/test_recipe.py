@@ -394,3 +394,23 @@ def test_agentx_serve_cli_stops_the_group_on_sigint(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_qwen3_dummy_model_dir_is_qwen3_8b_shaped(tmp_path):
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer
+
+    from agentx.recipe.dummy import build
+
+    out = build(tmp_path / "q")
+    cfg = json.loads((out / "model" / "config.json").read_text())
+    assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"],
+            cfg["num_key_value_heads"], cfg["head_dim"]) == (36, 4096, 32, 8, 128)
+    assert cfg["max_position_embeddings"] == 131072 and cfg["rope_scaling"]["factor"] == 4.0
+    tok = Tokenizer.from_file(str(out / "model" / "tokenizer.json"))
+    assert tok.get_vocab_size(with_added_tokens=True) == cfg["vocab_size"]
+    text = "def main(argv):\n    return 0\n<think>"
+    assert tok.decode(tok.encode(text).ids, skip_special_tokens=False) == text
+    draft = json.loads((out / "eagle3" / "config.json").read_text())
+    assert draft["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert draft["draft_vocab_size"] == cfg["vocab_size"] and draft["target_hidden_size"] == 4096

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from agentx.recipe.dummy import build as build_dummy
 from agentx.recipe.load import load_recipe, recipe_names
 from agentx.recipe.render import render
 from agentx.recipe.serve import launch
@@ -30,7 +31,8 @@ def _server_args(argv: list[str], launcher_len: int) -> list[str]:
 
 def _cases(tmp_path: Path, assets) -> list[dict]:
     cases, seen = [], set()
-    env = {"AGENTX_TINY_ASSETS": str(assets.root), "AGENTX_QWEN3_DUMMY": str(assets.root)}
+    dummy = build_dummy(tmp_path / "qwen3-8b-dummy")  # real Qwen3-8B-shaped configs, no weights
+    env = {"AGENTX_TINY_ASSETS": str(assets.root), "AGENTX_QWEN3_DUMMY": str(dummy)}
     for name in recipe_names():
         recipe, path = load_recipe(name)
         for i, point in enumerate(recipe.points):

@@ -10,8 +10,9 @@ standing in for a hub draft), "target" (a local model dir for the target's confi
    (parsed straight into `KVTransferConfig`, a pydantic dataclass with extra="forbid") fail
    here; then `AsyncEngineArgs.from_cli_args`.
 2. `--speculative-config` is only a dict at that point, so `SpeculativeConfig(**it)` is built
-   with the target's config from a local model and the draft swapped for a local EAGLE3 draft
-   when it is a hub id (no download here); every other key is validated as given
+   with the target's `ModelConfig` (the rendered model and --max-model-len when it is a local
+   directory, else the tiny test model) and the draft swapped for the tiny EAGLE3 draft when
+   it is a hub id (no download here); every other key is validated as given
    (extra="forbid", method, K, synthetic acceptance, attention backend name).
 3. The connector name must be registered in `KVConnectorFactory`, and every
    `kv_connector_extra_config` key must be one the connector's source reads (vLLM ignores
@@ -68,7 +69,12 @@ def check(case: dict, parser, vllm_dir: Path) -> None:
         spec = dict(spec)
         if spec.get("model") and not Path(spec["model"]).exists():
             spec["model"] = case["draft"]
-        target = ModelConfig(model=case["target"], tokenizer=case["target"])
+        # a local model (tiny-cpu, the Qwen3-8B-shaped dummy) is the target as rendered,
+        # with its --max-model-len; a hub id is replaced by the local tiny model
+        local = Path(engine.model).is_dir()
+        target_dir = engine.model if local else case["target"]
+        target = ModelConfig(model=target_dir, tokenizer=target_dir,
+                             max_model_len=engine.max_model_len if local else None)
         SpeculativeConfig(**spec, target_model_config=target,
                           target_parallel_config=ParallelConfig())
     kv = engine.kv_transfer_config

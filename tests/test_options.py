@@ -27,6 +27,8 @@ def _other_value(name: str, info: Any) -> tuple[str | None, Any]:
     tp = _strip_optional(info.annotation)
     default = info.get_default(call_default_factory=True)
     lo = next((m.ge for m in info.metadata if hasattr(m, "ge") and m.ge is not None), None)
+    if name == "slo":  # its own NAME:MS,... string form (agentx/metrics/goodput.py)
+        return "ttft:500,e2el:2000", {"ttft": 500.0, "e2el": 2000.0}
     if get_origin(tp) is Literal:
         v = next(c for c in get_args(tp) if c != default)
         return str(v), v

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import write_trace
 
 from agentx.cli import main as agentx_main
 from agentx.metrics.goodput import goodput, is_good, parse_slo
@@ -21,6 +20,7 @@ from agentx.metrics.summary import measured
 from agentx.records import read_records
 from agentx.report.pareto import frontier
 from agentx.run import RunConfig, run
+from helpers import write_trace
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = {"profile": "cpu-tiny", "time_scale": 20.0}
@@ -113,6 +113,23 @@ def test_report_of_one_run_prints_the_table_and_writes_plots(tmp_path, capsys):
     assert "TTFT ms" in printed and "throughput:" in printed and "validation:" in printed
     _assert_png(out / "latency_cdf.png")
     _assert_png(out / "server_timeseries.png")
+    # the same run without its summary.json: rebuilt from requests.jsonl + metrics.jsonl
+    live = json.loads((out / "summary.json").read_text())
+    (out / "summary.json").unlink()
+    assert agentx_main(["report", str(out), "--no-plots"]) == 0
+    rebuilt = json.loads((out / "summary.json").read_text())
+    assert rebuilt["rebuilt"] is True and "rebuilt" not in live
+    for key in ("completed", "failed", "tokens", "ttft_ms", "tpot_ms"):
+        assert rebuilt[key] == live[key], key
+    for key in ("achieved_hit_rate", "theoretical_hit_rate", "cached_tokens"):
+        assert rebuilt["cache"][key] == live["cache"][key], key
+    assert rebuilt["throughput"]["window_s"] == pytest.approx(live["throughput"]["window_s"],
+                                                              rel=0.05)
+    # every scrape is in metrics.jsonl, so the counters' deltas are the live run's
+    for block in ("prefix_cache", "external_cache"):
+        assert rebuilt["server_metrics"][block] == live["server_metrics"][block]
+    assert rebuilt["server_metrics"]["generation_tokens"] == \
+        live["server_metrics"]["generation_tokens"]
 
 
 def test_goodput_of_a_run_where_half_the_requests_meet_the_slo(tmp_path):

@@ -11,8 +11,8 @@ def _f(v: float | None, nd: int = 1) -> str:
 
 def print_summary(summary: dict, console: Console | None = None) -> None:
     console = console or Console()
-    t = Table(title=f"agentx — {summary.get('config', {}).get('trace', '')} "
-                    f"conc {summary.get('config', {}).get('conc', '')}")
+    cfg = summary.get("config") or {}
+    t = Table(title=f"agentx — {cfg.get('trace') or '?'} conc {cfg.get('conc') or '?'}")
     t.add_column("metric")
     for c in ("mean", "p50", "p90", "p99"):
         t.add_column(c, justify="right")

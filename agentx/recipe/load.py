@@ -7,9 +7,8 @@ from pathlib import Path
 
 import yaml
 
-import agentx
-
 from ..errors import InputError
+from ..shipped import data_dir
 from ..yamlconf import _line_finder, load_model
 from .schema import Recipe
 
@@ -17,14 +16,8 @@ RECIPES_DIR_ENV = "AGENTX_RECIPES_DIR"
 
 
 def recipes_dir() -> Path:
-    """$AGENTX_RECIPES_DIR if set; else `agentx/_recipes` in an installed wheel (setup.py ships
-    the repo's top-level recipes/ there, as it does traces/); else <repo>/recipes."""
-    env = os.environ.get(RECIPES_DIR_ENV)
-    if env:
-        return Path(env)
-    pkg = Path(agentx.__file__).resolve().parent
-    shipped = pkg / "_recipes"
-    return shipped if shipped.is_dir() else pkg.parent / "recipes"
+    """$AGENTX_RECIPES_DIR, else the recipes shipped in the wheel, else <repo>/recipes."""
+    return data_dir("recipes", RECIPES_DIR_ENV)
 
 
 def recipe_names() -> list[str]:

@@ -1,12 +1,13 @@
 """Small asyncio helpers shared by the client, the worker processes and the simulator: one
-place that picks the event loop, runs a coroutine on it, installs the stop signals and
-cancels background tasks."""
+place that picks the event loop, runs a coroutine on it, installs the stop signals, sleeps to
+a deadline and cancels background tasks."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import signal
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from types import ModuleType
 from typing import Any, TypeVar
@@ -61,6 +62,23 @@ def remove_stop_signals(loop: asyncio.AbstractEventLoop) -> None:
     for sig in STOP_SIGNALS:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(sig)
+
+
+SPIN_S = 0.0003  # wake this early and yield-spin to the deadline (loop timers: 1 ms granularity)
+
+
+async def sleep_until(deadline: float) -> None:
+    """Sleep to an absolute time.perf_counter() deadline: a timer sleep to just before it,
+    then yield-spin. Always yields at least once, so other tasks (HTTP handlers between
+    simulator steps) run."""
+    while True:
+        d = deadline - time.perf_counter()
+        if d > SPIN_S:
+            await asyncio.sleep(d - SPIN_S)
+            continue
+        await asyncio.sleep(0)
+        if d <= 0:
+            return
 
 
 async def cancel_and_wait(task: asyncio.Task | None) -> None:

@@ -1,8 +1,9 @@
 """Offline runs of the engine model on a virtual clock, for calibration and the docs table.
 
-The same scheduler, KV cache and roofline as the served simulator, but steps advance a virtual
-clock instead of sleeping, so a benchmark scenario (closed loop at fixed concurrency, like
-`vllm bench serve --max-concurrency`) takes milliseconds and is deterministic.
+The engine the served simulator runs, built by the same `build.build_engine` (scheduler, KV
+cache, offload tier, roofline), but its steps advance a virtual clock instead of sleeping, so a
+benchmark scenario (closed loop at fixed concurrency, like `vllm bench serve
+--max-concurrency`) takes milliseconds and is deterministic.
 
     python -m agentx.sim.calibrate          # prints the table of docs/simulator.md §Timing
 """
@@ -14,13 +15,10 @@ import statistics
 import sys
 from dataclasses import dataclass
 
+from .build import build_engine
 from .config import SimConfig
-from .engine import Engine
-from .offload import OffloadTier
 from .profile import resolve
 from .request import SimRequest
-from .specdec import Acceptance, default_rates, rates_from_length
-from .stats import EngineStats
 from .timing import StepTiming
 
 
@@ -37,24 +35,17 @@ class Scenario:
 
 
 def simulate(cfg: SimConfig, sc: Scenario, seed: int = 0) -> dict:
-    """Closed loop: `concurrency` requests start at t=0, each finished one is replaced at once."""
-    cfg = cfg.model_copy(update={"spec_k": sc.spec_k, "synthetic_al": sc.al})
-    r = resolve(cfg)
-    timing = StepTiming(r, sc.spec_k, offload=cfg.kv_offload)
-    stats = EngineStats(model="calib", max_model_len=cfg.max_model_len, max_batched=r.max_num_batched_tokens,
-                        spec_k=sc.spec_k, offload=cfg.kv_offload)
-    spec = None
-    if sc.spec_k:
-        rates = rates_from_length(sc.al, sc.spec_k) if sc.al is not None else default_rates(sc.spec_k)
-        spec = Acceptance(sc.spec_k, rates, seed=seed + 1)
-    offload = None
-    if cfg.kv_offload != "none":
-        offload = OffloadTier(r.offload_blocks, r.block_size, eager=cfg.kv_offload == "mooncake")
-    eng = Engine(num_blocks=r.num_gpu_blocks, block_size=r.block_size, max_num_seqs=r.max_num_seqs,
-                 max_batched_tokens=r.max_num_batched_tokens, timing=timing, stats=stats, spec=spec,
-                 offload=offload, seed=seed)
-    clock = [0]
-    eng.now_ns = lambda: clock[0]
+    """Closed loop: `concurrency` requests start at t=0, each finished one is replaced at once.
+
+    The scenario sets speculative decoding (K, mean acceptance length) and `seed` replaces
+    cfg.seed; time is modelled time (time_scale 1) and always the roofline (no fixed delays).
+    Everything else, the offload tier and its store policy included, comes from cfg."""
+    cfg = cfg.model_copy(update={"spec_k": sc.spec_k, "synthetic_al": sc.al, "synthetic_rates": None,
+                                 "seed": seed, "time_scale": 1.0, "fixed_ttft_ms": None,
+                                 "fixed_itl_ms": None})
+    built = build_engine(cfg)
+    r, eng = built.res, built.engine
+    eng.use_virtual_clock()
     bs = r.block_size
     active: list[SimRequest] = []
     done: list[SimRequest] = []
@@ -66,25 +57,16 @@ def simulate(cfg: SimConfig, sc: Scenario, seed: int = 0) -> dict:
         prng = random.Random(seed * 1_000_003 + pid)
         req = SimRequest(rid=str(issued), prompt_len=sc.prompt_tokens, max_tokens=sc.output_tokens,
                          block_hashes=[prng.getrandbits(62) for _ in range(sc.prompt_tokens // bs)],
-                         arrival_ns=clock[0])
+                         arrival_ns=eng.virtual_ns)
         issued += 1
         eng.submit(req)
         active.append(req)
 
     for _ in range(min(sc.concurrency, sc.requests)):
         submit()
-    steps = 0
     while len(done) < sc.requests:
-        batch = eng._schedule(clock[0] / 1e9)  # noqa: SLF001 (offline driver of the same engine)
-        if batch.empty:
-            clock[0] = int(min(q.load_until for q in eng.loading) * 1e9) + 1
-            eng._finish_loads(clock[0] / 1e9)  # noqa: SLF001
-            continue
-        clock[0] += int(timing.step_seconds(batch) * 1e9)
-        eng._apply(batch, clock[0] / 1e9)  # noqa: SLF001
-        steps += 1
-        if eng.loading:
-            eng._finish_loads(clock[0] / 1e9)  # noqa: SLF001
+        if not eng.step_offline():
+            raise RuntimeError(f"{sc}: requests left but none can run (prompt larger than the KV pool?)")
         finished = [q for q in active if q.finish is not None]
         if finished:
             active[:] = [q for q in active if q.finish is None]
@@ -92,7 +74,7 @@ def simulate(cfg: SimConfig, sc: Scenario, seed: int = 0) -> dict:
             for _ in finished:
                 if issued < sc.requests:
                     submit()
-    wall = clock[0] / 1e9
+    wall = eng.virtual_ns / 1e9
     out = sum(q.num_out for q in done)
     n_done = len(done)
     done = [q for q in done if int(q.rid) >= sc.measure_from]
@@ -104,7 +86,7 @@ def simulate(cfg: SimConfig, sc: Scenario, seed: int = 0) -> dict:
             "tpot_mean_ms": statistics.fmean(tpot), "itl_mean_ms": itl, "output_tok_s": out / wall,
             "tok_s_per_gpu": (out + sc.prompt_tokens * n_done) / wall / r.tp,
             "cached_mean": statistics.fmean(q.cached_device + q.cached_host for q in done),
-            "prefill_tok_s": sc.prompt_tokens / (statistics.fmean(ttft) / 1e3), "steps": steps}
+            "prefill_tok_s": sc.prompt_tokens / (statistics.fmean(ttft) / 1e3), "steps": eng.steps}
 
 
 def decode_tpot_ms(profile: str, streams: int, ctx: int, spec_k: int = 0, al: float = 1.0) -> float:

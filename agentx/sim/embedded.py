@@ -11,7 +11,6 @@ the SimServer object:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import pickle
 import select
 import signal
@@ -20,17 +19,8 @@ import subprocess
 import sys
 import threading
 
+from ..aio import new_event_loop
 from .config import SimConfig
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop when installed (cheaper per chunk), else the default loop."""
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop()
-    except ImportError:
-        return asyncio.new_event_loop()
 
 
 class EmbeddedSim:

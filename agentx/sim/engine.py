@@ -11,15 +11,17 @@ One asyncio task runs steps back to back, as vLLM's EngineCore does:
   3. apply it: commit filled blocks to the prefix cache, sample 1 (+accepted drafts) tokens
      per decoding request, push them to the request's HTTP handler, retire finished ones.
 All times are wall-clock (perf_counter) of this process; modelled durations are scaled.
+Offline (sim/calibrate) the same steps run on a virtual clock instead: `use_virtual_clock()`,
+then `step_offline()` per step, no sleeping. The fidelity mode (fixed TTFT/ITL, no batching
+model) lives in sim/fixed.py; sim/build.py assembles an engine from a SimConfig.
 """
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections import deque
 
-from ..aio import cancel_and_wait
+from ..aio import cancel_and_wait, sleep_until
 from .kvcache import BlockPool
 from .offload import OffloadTier
 from .request import FINISHED, LOADING, RUNNING, WAITING, SimRequest
@@ -31,15 +33,13 @@ from .timing import Batch, StepTiming
 # loop-timer and OS-scheduler jitter does not accumulate into a slower token rate; beyond it the
 # schedule slips and the slip is counted in agentx_sim_late_seconds.
 _SLACK_S = 0.005
-_SPIN_S = 0.0003  # wake this early and yield-spin to the deadline (loop timers have 1 ms granularity)
 
 
 class Engine:
     def __init__(self, *, num_blocks: int, block_size: int, max_num_seqs: int, max_batched_tokens: int,
                  timing: StepTiming, stats: EngineStats, time_scale: float = 1.0,
                  spec: Acceptance | None = None, offload: OffloadTier | None = None,
-                 fixed_ttft_s: float | None = None, fixed_itl_s: float | None = None,
-                 seed: int = 0) -> None:
+                 fixed_ttft_s: float | None = None, fixed_itl_s: float | None = None) -> None:
         self.offload = offload
         self.pool = BlockPool(num_blocks, block_size,
                               on_evict=offload.on_gpu_evict if offload is not None else None)
@@ -53,17 +53,17 @@ class Engine:
         self.k = spec.k if spec is not None else 0
         self.fixed_ttft = fixed_ttft_s
         self.fixed_itl = fixed_itl_s
-        self.rng = random.Random(seed)
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.loading: list[SimRequest] = []
-        self._wake = asyncio.Event()
+        self.wake = asyncio.Event()  # set when there is new work (or an abort) to look at
         self._task: asyncio.Task | None = None
         self.steps = 0
         self._stored_seen = 0
         self._link_free = 0.0
         # where request timestamps come from: the wall clock when serving, a virtual clock offline
         self.now_ns = time.perf_counter_ns
+        self.virtual_ns = 0
 
     # ---------------------------------------------------------------- public
     def capacity_tokens(self) -> int:
@@ -73,18 +73,26 @@ class Engine:
         req.state = WAITING
         self.waiting.append(req)
         self.stats.num_waiting = len(self.waiting)
-        self._wake.set()
+        self.wake.set()
 
     def abort(self, req: SimRequest) -> None:
         """Client went away: the next step drops it and frees its blocks."""
         if req.state != FINISHED:
             req.aborted = True
-            self._wake.set()
+            self.wake.set()
+
+    def reset_prefix_cache(self) -> None:
+        """POST /reset_prefix_cache: forget every cached block, on the GPU and in the tier."""
+        self.pool.reset()
+        if self.offload is not None:
+            self.offload.blocks.clear()
 
     def start(self) -> None:
+        from .fixed import run_fixed
+
         loop = asyncio.get_running_loop()
-        runner = self._run_fixed if self.fixed_ttft is not None else self._run
-        self._task = loop.create_task(runner())
+        self._task = loop.create_task(run_fixed(self) if self.fixed_ttft is not None
+                                      else self._run())
 
     async def stop(self) -> None:
         """Stop stepping; requests still in flight finish with `abort` so their handlers return."""
@@ -100,8 +108,8 @@ class Engine:
         start = time.perf_counter()
         while True:
             if not (self.running or self.waiting or self.loading):
-                self._wake.clear()
-                await self._wake.wait()
+                self.wake.clear()
+                await self.wake.wait()
                 start = time.perf_counter()
             now = start
             if self.loading:
@@ -111,25 +119,49 @@ class Engine:
             st.kv_usage, st.num_running, st.num_waiting = self.pool.usage(), len(self.running), len(self.waiting)
             if batch.empty:
                 # only loads in flight (or nothing admissible): wait for the earliest load
-                self._wake.clear()
+                self.wake.clear()
                 delay = min((r.load_until for r in self.loading), default=now + 0.001) - now
                 try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=max(delay, 0.0))
+                    await asyncio.wait_for(self.wake.wait(), timeout=max(delay, 0.0))
                 except asyncio.TimeoutError:
                     pass
                 start = time.perf_counter()
                 continue
             dt = self.timing.step_seconds(batch) / self.scale
             end = start + dt
-            await _sleep_until(end)
+            await sleep_until(end)
             # lateness is measured at the wake-up: the bookkeeping of this step (_apply) runs
             # inside the next step's interval, as a real engine's CPU work overlaps the GPU's
             t = time.perf_counter()
-            self._apply(batch, end)
+            self._apply(batch)
             self.steps += 1
             late = t - end
             self.stats.on_sim_step(dt, late if late >= _SLACK_S else 0.0)
             start = end if late < _SLACK_S else t
+
+    # ------------------------------------------------------------ offline (virtual clock)
+    def use_virtual_clock(self) -> None:
+        """Request timestamps from a clock only step_offline() advances (starts at 0)."""
+        self.now_ns = lambda: self.virtual_ns
+
+    def step_offline(self) -> bool:
+        """One step on the virtual clock: priced, applied, no sleeping (modelled time, not
+        divided by time_scale). With nothing computable yet it jumps to the end of the earliest
+        host->GPU load. False when there is no work at all."""
+        now = self.virtual_ns / 1e9
+        batch = self._schedule(now)
+        if batch.empty:
+            if not self.loading:
+                return False
+            self.virtual_ns = int(min(q.load_until for q in self.loading) * 1e9) + 1
+            self._finish_loads(self.virtual_ns / 1e9)
+            return True
+        self.virtual_ns += int(self.timing.step_seconds(batch) * 1e9)
+        self._apply(batch)
+        self.steps += 1
+        if self.loading:
+            self._finish_loads(self.virtual_ns / 1e9)
+        return True
 
     # ------------------------------------------------------------ scheduling
     def _schedule(self, now: float) -> Batch:
@@ -280,7 +312,24 @@ class Engine:
             req.push(0, finish)
 
     # ------------------------------------------------------------ step results
-    def _apply(self, batch: Batch, end: float) -> None:
+    def emit_tokens(self, req: SimRequest, gen: int, now_ns: int) -> tuple[int, str | None]:
+        """Count `gen` new tokens of `req` at now_ns, capped at max_tokens ("length") or its
+        drawn EOS position ("stop", only without ignore_eos); the count really emitted, and
+        the finish reason if this ends the request."""
+        left = req.max_tokens - req.num_out
+        finish = None
+        if gen >= left:
+            gen, finish = left, "length"
+        if req.eos_at is not None and req.num_out + gen >= req.eos_at:
+            gen, finish = req.eos_at - req.num_out, "stop"
+        req.num_out += gen
+        if not req.first_token_ns:
+            req.first_token_ns = now_ns
+        self.stats.on_tokens(req, gen, now_ns)
+        req.last_token_ns = now_ns
+        return gen, finish
+
+    def _apply(self, batch: Batch) -> None:
         now_ns = self.now_ns()
         pool, bs, offload = self.pool, self.bs, self.offload
         spec = self.spec
@@ -310,12 +359,7 @@ class Engine:
                 if req.num_computed < req.target_len:
                     continue  # chunked prefill continues next step
                 gen = 1
-            gen, finish = _cap(req, gen)
-            req.num_out += gen
-            if not req.first_token_ns:
-                req.first_token_ns = now_ns
-            stats.on_tokens(req, gen, now_ns)
-            req.last_token_ns = now_ns
+            gen, finish = self.emit_tokens(req, gen, now_ns)
             if finish is not None:
                 req.finish = finish
                 finished.append(req)
@@ -335,67 +379,3 @@ class Engine:
                 stats.on_finish(req)
         stats.num_running = len(self.running)
         stats.kv_usage = pool.usage()
-
-    # ------------------------------------------------------------ fidelity mode
-    async def _run_fixed(self) -> None:
-        """--fixed-ttft-ms/--fixed-itl-ms: no batching model, exact delays per request."""
-        while True:
-            self._wake.clear()
-            while self.waiting:
-                req = self.waiting.popleft()
-                req.state = RUNNING
-                req.scheduled_ns = time.perf_counter_ns()
-                self.stats.on_scheduled(req)
-                asyncio.get_running_loop().create_task(self._fixed_one(req))
-            await self._wake.wait()
-
-    async def _fixed_one(self, req: SimRequest) -> None:
-        t = req.arrival_ns / 1e9 + self.fixed_ttft / self.scale
-        self.stats.on_prefix_lookup(req.prompt_len, 0, 0, self.offload is not None)
-        while not req.aborted:
-            await _sleep_until(t)
-            if req.aborted:
-                break
-            gen = 1 if req.num_out == 0 or self.spec is None else 1 + self.spec.draw()
-            if req.num_out > 0 and self.spec is not None:
-                self.stats.on_drafts(self.k, gen - 1)
-            gen, finish = _cap(req, gen)
-            now_ns = time.perf_counter_ns()
-            req.num_out += gen
-            if not req.first_token_ns:
-                req.first_token_ns = now_ns
-            self.stats.on_tokens(req, gen, now_ns)
-            req.last_token_ns = now_ns
-            if finish is not None:
-                req.finish = finish
-                req.state = FINISHED
-                req.push(gen, finish)
-                self.stats.on_finish(req)
-                return
-            req.push(gen, None)
-            t += self.fixed_itl / self.scale
-        req.state = FINISHED
-
-
-async def _sleep_until(deadline: float) -> None:
-    """Sleep to an absolute perf_counter deadline: timer sleep to just before it, then yield-spin."""
-    while True:
-        d = deadline - time.perf_counter()
-        if d > _SPIN_S:
-            await asyncio.sleep(d - _SPIN_S)
-            continue
-        await asyncio.sleep(0)  # always yield at least once so HTTP handlers run between steps
-        if d <= 0:
-            return
-
-
-def _cap(req, gen: int) -> tuple[int, str | None]:
-    """Tokens this step may really emit, and why the request ends if it does: max_tokens
-    ("length") or its drawn EOS position ("stop", only without ignore_eos)."""
-    left = req.max_tokens - req.num_out
-    finish = None
-    if gen >= left:
-        gen, finish = left, "length"
-    if req.eos_at is not None and req.num_out + gen >= req.eos_at:
-        gen, finish = req.eos_at - req.num_out, "stop"
-    return gen, finish

@@ -2,7 +2,7 @@
 
 A fault is chosen per request: the `X-Sim-Fault: <kind>` request header forces one (on-demand,
 deterministic tests); otherwise with probability `fail_rate` a kind is drawn uniformly from
-`fail_kinds`. What each kind does on the wire is implemented in server.py and documented in
+`fail_kinds`. What each kind does on the wire is implemented in respond.py and documented in
 docs/simulator.md §Faults. Fault delays are real seconds (not divided by time_scale).
 """
 from __future__ import annotations

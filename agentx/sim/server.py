@@ -8,6 +8,7 @@ import sys
 
 from aiohttp import web
 
+from ..aio import new_event_loop
 from .api import SimServer
 from .config import SimConfig
 
@@ -48,8 +49,6 @@ async def _poll(watch, stop_event: asyncio.Event) -> None:
 
 def run(cfg: SimConfig) -> int:
     """Blocking standalone server (`agentx serve-sim`); SIGINT/SIGTERM stop it cleanly."""
-    from .embedded import new_event_loop
-
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     stop = asyncio.Event()

@@ -1,0 +1,100 @@
+"""The simulated engine assembled from a SimConfig, in one place for the HTTP server and the
+offline calibration runs: profile resolution, step timing, KV cache, offload tier (and its
+store policy), speculative decoding, fidelity-mode delays and the /metrics state."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import SimConfig
+from .engine import Engine
+from .offload import OffloadTier
+from .profile import Resolved, resolve
+from .specdec import Acceptance, default_rates, rates_from_length
+from .stats import EngineStats
+from .timing import StepTiming
+
+OFFLOAD_BACKEND = {"none": "native", "simple-cpu": "SimpleCPUOffloadConnector",
+                   "mooncake": "MooncakeStoreConnector"}
+
+
+@dataclass
+class SimEngine:
+    cfg: SimConfig
+    res: Resolved
+    max_model_len: int  # the configured one, capped at what the KV pool holds
+    timing: StepTiming
+    stats: EngineStats
+    engine: Engine
+
+    def describe(self) -> str:
+        """One start-up line, like vLLM's KV cache log line."""
+        r, cfg = self.res, self.cfg
+        return (f"agentx sim: profile {r.profile.name} TP{r.tp}, GPU KV cache size: "
+                f"{r.kv_pool_tokens:,} tokens ({r.num_gpu_blocks} blocks of {r.block_size}), "
+                f"max_model_len {self.max_model_len:,}, spec K={cfg.spec_k}, offload "
+                f"{cfg.kv_offload}"
+                + (f" ({r.offload_blocks} CPU blocks)" if cfg.kv_offload != "none" else "")
+                + f", time_scale {cfg.time_scale:g}")
+
+
+def acceptance(cfg: SimConfig) -> Acceptance | None:
+    """Draft acceptance: explicit per-position rates, else rates giving the synthetic mean
+    length, else the default decay; seeded from cfg.seed + 1."""
+    k = cfg.spec_k
+    if not k:
+        return None
+    if cfg.synthetic_rates is not None:
+        rates = list(cfg.synthetic_rates)
+    elif cfg.synthetic_al is not None:
+        rates = rates_from_length(cfg.synthetic_al, k)
+    else:
+        rates = default_rates(k)
+    return Acceptance(k, rates, seed=cfg.seed + 1)
+
+
+def offload_tier(cfg: SimConfig, r: Resolved) -> OffloadTier | None:
+    """The CPU tier; blocks are stored eagerly (as soon as computed) or lazily (on GPU
+    eviction): --offload-store, by default eager for mooncake and lazy for simple-cpu."""
+    if cfg.kv_offload == "none":
+        return None
+    eager = cfg.offload_store == "eager" if cfg.offload_store else cfg.kv_offload == "mooncake"
+    return OffloadTier(r.offload_blocks, r.block_size, eager=eager)
+
+
+def build_engine(cfg: SimConfig) -> SimEngine:
+    r = resolve(cfg)
+    max_model_len = min(cfg.max_model_len, r.kv_pool_tokens)
+    offload = offload_tier(cfg, r)
+    stats = EngineStats(model=cfg.model_name, engine=cfg.engine_id, max_model_len=max_model_len,
+                        max_batched=r.max_num_batched_tokens, spec_k=cfg.spec_k,
+                        offload=cfg.kv_offload)
+    stats.set_cache_config(cache_config_labels(cfg, r, max_model_len))
+    if offload is not None:
+        stats.set_offload_info(r.offload_blocks, lazy=not offload.eager)
+    timing = StepTiming(r, cfg.spec_k, offload=cfg.kv_offload)
+    fixed = cfg.fixed_ttft_ms is not None
+    engine = Engine(num_blocks=r.num_gpu_blocks, block_size=r.block_size,
+                    max_num_seqs=r.max_num_seqs, max_batched_tokens=r.max_num_batched_tokens,
+                    timing=timing, stats=stats, time_scale=cfg.time_scale, spec=acceptance(cfg),
+                    offload=offload,
+                    fixed_ttft_s=cfg.fixed_ttft_ms / 1e3 if fixed else None,
+                    fixed_itl_s=cfg.fixed_itl_ms / 1e3 if fixed else None)
+    return SimEngine(cfg, r, max_model_len, timing, stats, engine)
+
+
+def cache_config_labels(cfg: SimConfig, r: Resolved, max_model_len: int) -> dict[str, str]:
+    """Labels of vllm:cache_config_info as vLLM's CacheConfig reports them."""
+    off = cfg.kv_offload != "none"
+    return {"block_size": str(r.block_size),
+            "cache_dtype": "fp8" if r.profile.model.kv_bytes == 1 else "auto",
+            "enable_prefix_caching": "True", "engine": cfg.engine_id,
+            "gpu_memory_utilization": str(r.gpu_memory_utilization),
+            "kv_cache_memory_bytes": str(int(r.kv_pool_bytes_rank)),
+            "kv_cache_size_tokens": str(r.kv_pool_tokens),
+            "kv_cache_max_concurrency": f"{r.kv_pool_tokens / max_model_len:.1f}",
+            "kv_offloading_backend": OFFLOAD_BACKEND[cfg.kv_offload],
+            "kv_offloading_size": f"{r.offload_bytes / 1e9:g}" if off else "None",
+            "num_cpu_blocks": str(r.offload_blocks) if off else "None",
+            "num_gpu_blocks": str(r.num_gpu_blocks), "num_gpu_blocks_override": "None",
+            "prefix_caching_hash_algo": "builtin", "sliding_window": "None",
+            "user_specified_block_size": str(cfg.block_size is not None)}

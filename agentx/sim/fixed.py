@@ -1,0 +1,57 @@
+"""Fidelity mode (--fixed-ttft-ms / --fixed-itl-ms): no batching model, exact delays.
+
+Every request gets its first token `fixed_ttft` after its arrival and one more chunk every
+`fixed_itl` (both divided by time_scale), independently of the others, so a client's
+measured TTFT and ITL can be compared with known true values (bench/fidelity.py). With
+speculative decoding a chunk carries 1 + the accepted drafts.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+from ..aio import sleep_until
+from .request import FINISHED, RUNNING, SimRequest
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+async def run_fixed(eng: Engine) -> None:
+    """The engine's task in fidelity mode: start a timer task per admitted request."""
+    loop = asyncio.get_running_loop()
+    timers: set[asyncio.Task] = set()  # referenced until done (the loop keeps weak refs only)
+    while True:
+        eng.wake.clear()
+        while eng.waiting:
+            req = eng.waiting.popleft()
+            req.state = RUNNING
+            req.scheduled_ns = time.perf_counter_ns()
+            eng.stats.on_scheduled(req)
+            task = loop.create_task(_one(eng, req))
+            timers.add(task)
+            task.add_done_callback(timers.discard)
+        await eng.wake.wait()
+
+
+async def _one(eng: Engine, req: SimRequest) -> None:
+    t = req.arrival_ns / 1e9 + eng.fixed_ttft / eng.scale
+    eng.stats.on_prefix_lookup(req.prompt_len, 0, 0, eng.offload is not None)
+    while not req.aborted:
+        await sleep_until(t)
+        if req.aborted:
+            break
+        gen = 1 if req.num_out == 0 or eng.spec is None else 1 + eng.spec.draw()
+        if req.num_out > 0 and eng.spec is not None:
+            eng.stats.on_drafts(eng.k, gen - 1)
+        gen, finish = eng.emit_tokens(req, gen, time.perf_counter_ns())
+        if finish is not None:
+            req.finish = finish
+            req.state = FINISHED
+            req.push(gen, finish)
+            eng.stats.on_finish(req)
+            return
+        req.push(gen, None)
+        t += eng.fixed_itl / eng.scale
+    req.state = FINISHED

@@ -29,8 +29,12 @@ room left for cached ones, as in vLLM. When the held blocks alone exceed the poo
 queue or preempt), nothing is evicted until enough are released. `observe` is one request
 that finishes before the next (acquire + release); with nothing else held it takes a fast path.
 
-Cost, measured with timeit on a 400-block prompt extending the previous one (CPython 3.12):
-`observe` ~0.09 us per block in steady state, `acquire` + `release` ~0.25 us per block.
+Cost per block (CPU time, timeit over 350-400-block prompts each extending the previous one,
+CPython 3.11 on the shared 2-core test machine): `observe` 0.16 us with int keys, 0.33 us
+with (namespace, id) tuples; `acquire` + `release` 0.57 us / 0.86 us (the engine's case: a
+100k-token prompt of 64-token blocks costs ~1.3 ms). The replaced head-to-tail LRU took 0.35 us
+with tuples; doing the per-block work with C iterators (map/zip over dict methods) measured
+slower, not faster.
 """
 from __future__ import annotations
 

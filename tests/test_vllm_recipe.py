@@ -15,7 +15,6 @@ import pytest
 from agentx.recipe.dummy import build as build_dummy
 from agentx.recipe.load import load_recipe, recipe_names
 from agentx.recipe.render import render
-from agentx.recipe.serve import launch
 
 pytestmark = pytest.mark.vllm
 
@@ -123,23 +122,40 @@ def test_every_rendered_config_is_accepted_by_vllm(tmp_path, vllm_python, vllm_a
         assert not res["ok"] and message in res["error"], (label, res)
 
 
-def test_agentx_serve_tiny_cpu_real_vllm(tmp_path, vllm_python, vllm_assets, vllm_servers,
-                                         monkeypatch):
+def test_agentx_serve_tiny_cpu_real_vllm(tmp_path, vllm_python, vllm_assets, vllm_servers):
+    """`agentx serve tiny-cpu` as a user runs it: ready line, /health, Ctrl-C, group gone."""
+    import os
+    import signal
+    import sys
+    import time
     import urllib.request
 
-    from test_recipe import _group_members
+    from test_recipe import _group_members, _pids_running
 
     vllm_servers.stop()  # one vLLM at a time on this machine
-    monkeypatch.setenv("AGENTX_TINY_ASSETS", str(vllm_assets.root))
-    monkeypatch.setenv("AGENTX_VLLM_PYTHON", str(vllm_python))
-    recipe, path = load_recipe("tiny-cpu")
-    with launch(recipe, 0, workdir=tmp_path, recipe_dir=path.parent, source=str(path),
-                health_timeout=600) as server:
-        with urllib.request.urlopen(server.base_url + "/health", timeout=10) as resp:
+    env = {**os.environ, "AGENTX_TINY_ASSETS": str(vllm_assets.root),
+           "AGENTX_VLLM_PYTHON": str(vllm_python)}
+    proc = subprocess.Popen([sys.executable, "-m", "agentx.cli", "serve", "tiny-cpu", "--port",
+                             "0", "--workdir", str(tmp_path), "--quiet"],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line, deadline = "", time.monotonic() + 600
+        while "ready:" not in line and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            assert line or proc.poll() is None, "agentx serve exited early"
+        assert "ready: http://127.0.0.1:" in line and "model tiny" in line, line
+        url = line.split()[1]
+        with urllib.request.urlopen(url + "/health", timeout=10) as resp:
             assert resp.status == 200
-        with urllib.request.urlopen(server.base_url + "/v1/models", timeout=10) as resp:
+        with urllib.request.urlopen(url + "/v1/models", timeout=10) as resp:
             assert [m["id"] for m in json.loads(resp.read())["data"]] == ["tiny"]
-        pgid = server.pgid
-        assert len(_group_members(pgid)) >= 2  # the API server and its engine core
-    assert _group_members(pgid) == []
-    assert "speculative" in (tmp_path / "server.log").read_text().lower()
+        [server] = _pids_running(f"--port {url.rsplit(':', 1)[1]} --tensor-parallel-size")
+        assert len(_group_members(server)) >= 2  # the API server and its engine core
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 0
+        assert _group_members(server) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = (tmp_path / "server.log").read_text().lower()
+    assert "speculative" in log and "eagle3" in (tmp_path / "command.sh").read_text()

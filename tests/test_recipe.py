@@ -277,7 +277,8 @@ def test_dram_budget_per_rank_not_positive_is_a_clear_error(tmp_path, capsys):
     path.write_text(BASE.replace("page_cache_reserve_gib: 414", "page_cache_reserve_gib: 1140"))
     assert main(["recipe", "render", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "field 'kv_offload'" in err[0]
+    assert len(err) == 1
+    assert err[0].startswith(f"error: {path}:12: field 'kv_offload.page_cache_reserve_gib' ")
     assert "DRAM budget per rank is -3 GiB (<= 0)" in err[0]
 
 

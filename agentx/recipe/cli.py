@@ -7,7 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from .load import load_recipe, recipe_names, recipes_dir
+from ..errors import InputError
+from .load import line_in, load_recipe, recipe_names, recipes_dir
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -59,8 +60,14 @@ def _render(ns: argparse.Namespace) -> int:
     from .render import render
 
     recipe, path = load_recipe(ns.recipe)
-    r = render(recipe, ns.point, conc=ns.conc, host=ns.host, port=ns.port, workdir=ns.workdir,
-               recipe_dir=path.parent, host_dram_mib=ns.host_dram_mib, source=str(path))
+    try:
+        r = render(recipe, ns.point, conc=ns.conc, host=ns.host, port=ns.port,
+                   workdir=ns.workdir, recipe_dir=path.parent, host_dram_mib=ns.host_dram_mib,
+                   source=str(path))
+    except InputError as e:
+        if e.source == str(path) and e.field and e.line is None:
+            e.line = line_in(path, e.field)  # point at the key to change
+        raise
     sys.stdout.write(r.script())
     return 0
 

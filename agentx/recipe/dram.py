@@ -21,7 +21,12 @@ GB = 10**9
 
 
 class BudgetError(ValueError):
-    """The DRAM budget leaves nothing for the KV tier (per rank <= 0)."""
+    """The DRAM budget leaves nothing for the KV tier (per rank <= 0); `field` is the recipe
+    key to change."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass
@@ -68,7 +73,8 @@ def mooncake_per_rank(b: DramBudget, *, ranks: int, page_cache_gib: int,
     if per_rank <= 0:
         raise BudgetError(f"DRAM budget per rank is {per_rank} GiB (<= 0): {b.total_gib} GiB "
                           f"total - {page_cache_gib} GiB page cache over {ranks} ranks leaves "
-                          f"no room beyond the {buffer_gib} GiB local buffer")
+                          f"no room beyond the {buffer_gib} GiB local buffer",
+                          "kv_offload.page_cache_reserve_gib")
     b.per_rank_gib = per_rank
     b.steps.append(f"global_segment_size \"{per_rank}GB\" (vLLM's Mooncake config reads GB "
                    f"as 2^30 bytes: {per_rank * GIB:,} bytes)")
@@ -79,7 +85,7 @@ def simple_cpu_bytes(b: DramBudget, ranks: int) -> DramBudget:
     """SimpleCPUOffload cpu_bytes_to_use = total GB * 1e9, server-wide (vLLM's connector
     divides it by the world size)."""
     if b.total_gb <= 0:
-        raise BudgetError(f"DRAM budget is {b.total_gb} GB (<= 0)")
+        raise BudgetError(f"DRAM budget is {b.total_gb} GB (<= 0)", "kv_offload.host_dram_mib")
     b.cpu_bytes = b.total_gb * GB
     b.steps.append(f"cpu_bytes_to_use: {b.total_gb:,} GB x 1e9 = {b.cpu_bytes:,} bytes "
                    f"({b.cpu_bytes // ranks:,} per rank over {ranks})")

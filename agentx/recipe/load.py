@@ -37,6 +37,12 @@ def resolve(spec: str) -> Path:
     return path
 
 
+def line_in(path: Path, field: str) -> int | None:
+    """The line of a dotted field (`points.1.tp`) in a recipe file."""
+    root = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    return _line_finder(root)(tuple(int(p) if p.isdigit() else p for p in field.split(".")))
+
+
 def load_recipe(spec: str) -> tuple[Recipe, Path]:
     """The validated recipe and its file. Cross-field problems point at the key to fix."""
     path = resolve(spec)

@@ -108,7 +108,7 @@ def render(recipe: Recipe, point_index: int = 0, *, conc: int | None = None,
         return _render(recipe, point_index, point, conc, host, port, Path(workdir),
                        Path(recipe_dir), env_in, host_dram_mib)
     except dram.BudgetError as e:
-        raise InputError(source, str(e), field="kv_offload") from None
+        raise InputError(source, str(e), field=e.field) from None
     except ValueError as e:
         raise InputError(source, str(e)) from None
 

@@ -35,9 +35,15 @@ _MEMBER_SUFFIXES = {d + c for d in _DATA_SUFFIXES for c in ("", *_COMPRESSED)}
 
 
 def traces_dir() -> Path:
-    """Where built-in traces live: <repo>/traces, or $AGENTX_TRACES_DIR."""
+    """Where built-in traces live: $AGENTX_TRACES_DIR if set; else `agentx/_traces` in an
+    installed wheel (setup.py ships the repo's top-level traces/ there); else <repo>/traces
+    (a source checkout or an editable install, where the package sits in the repo)."""
     env = os.environ.get(TRACES_DIR_ENV)
-    return Path(env) if env else Path(agentx.__file__).resolve().parents[1] / "traces"
+    if env:
+        return Path(env)
+    pkg = Path(agentx.__file__).resolve().parent
+    shipped = pkg / "_traces"
+    return shipped if shipped.is_dir() else pkg.parent / "traces"
 
 
 def builtin_path(name: str) -> Path:

@@ -28,7 +28,8 @@ async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
 
 
 def test_vllm_schedule_examples():
-    # vLLM's minimum-variance schedule (its unit test values) and the FACTS §4 measurement at L=2.5
+    # vLLM's minimum-variance schedule (its unit test values) and the H200 measurement at
+    # L=2.5 (docs/references.md §5)
     assert rates_from_length(2.6, 3) == pytest.approx([1.0, 0.6, 0.0])
     assert rates_from_length(3.5, 4) == pytest.approx([1.0, 1.0, 0.5, 0.0])
     assert rates_from_length(2.5, 3) == pytest.approx([1.0, 0.5, 0.0])

@@ -38,7 +38,7 @@ TOLERANCE = {
 
 def test_anchor_profile_kv_pool_matches_measurement():
     r = resolve(SimConfig(profile="h200-qwen3-8b-bf16"))
-    assert r.kv_pool_tokens == 759_696  # FACTS §4: "KV pool 759,696 tokens at 0.85"
+    assert r.kv_pool_tokens == 759_696  # docs/references.md §5: H200 KV pool at 0.85
     assert r.num_gpu_blocks * r.block_size == r.kv_pool_tokens
 
 

@@ -1,5 +1,5 @@
 """Trace statistics and theoretical prefix-cache hit rates: hand-computed tiny traces, and the
-real 533-session set against the figures in FACTS §1."""
+real 533-session set against the reference figures in docs/references.md §1."""
 from __future__ import annotations
 
 import json
@@ -126,9 +126,9 @@ def test_cli_stats_json_and_table(tmp_path, capsys):
         "error: --lru-capacity: must be a positive token count (got 0)"
 
 
-# -- the real traces against FACTS §1 ---------------------------------------------------------
+# -- the real traces against docs/references.md §1 ---------------------------------------------
 def test_real_infinite_cache_hit_rate_matches_facts(real_stats):
-    """FACTS §1: in-session prefix hit rate with an infinite cache 82% / 95.5% / 97.9% / 99.0%,
+    """References §1: in-session prefix hit rate with an infinite cache 82% / 95.5% / 97.9% / 99.0%,
     mean 92.8% (per session). Within 1 point."""
     h = real_stats["parent"]["prefix_hit_rate"]
     for key, facts in (("p10", 82.0), ("p50", 95.5), ("p90", 97.9), ("p99", 99.0),
@@ -137,9 +137,9 @@ def test_real_infinite_cache_hit_rate_matches_facts(real_stats):
 
 
 def test_real_shape_matches_facts(real_stats):
-    """The other FACTS §1 figures (p10 / p50 / p90 / p99, rounded as FACTS prints them).
-    Input growth differs by a few percent at p10 (FACTS 187 vs 194 here) and think time at
-    p90 (FACTS 160 vs 163: we exclude each session's first turn); 6% covers both."""
+    """The other references §1 figures (p10 / p50 / p90 / p99, rounded as printed there).
+    Input growth differs by a few percent at p10 (187 there vs 194 here) and think time at
+    p90 (160 vs 163: we exclude each session's first turn); 6% covers both."""
     p = real_stats["parent"]
     facts = {"turns_per_session": (6, 46, 157, 328), "first_prompt_tokens": (15.4e3, 24.3e3,
                                                                              256e3, 687e3),

@@ -1,7 +1,7 @@
 """Our numbers against a real vLLM (CPU build, tiny random model): the replay, token
 exactness, prefix-cache accounting, TTFT agreement and speculative-decoding acceptance.
 
-Slices of the real traces (../shared) are scaled with --context-scale to the tiny model's
+Slices of the real traces (tests/data/traces) are scaled with --context-scale to the tiny model's
 16k context. Figures are printed (pytest -s) and bounded by stated tolerances.
 """
 from __future__ import annotations

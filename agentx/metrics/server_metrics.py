@@ -199,7 +199,7 @@ def _gauge_stats(snaps: list[Snapshot], name: str, flt: dict, per_engine: str,
 
 
 def _spec_decode(snaps: list[Snapshot], flt: dict) -> dict:
-    """AL = 1 + Δaccepted / Δdrafts (FACTS §2); per position = Δaccepted[i] / Δdrafts."""
+    """AL = 1 + Δaccepted / Δdrafts (references §2); per position = Δaccepted[i] / Δdrafts."""
     drafts = counter_delta(snaps, SPEC_DRAFTS, **flt)
     draft_tokens = counter_delta(snaps, SPEC_DRAFT_TOKENS, **flt)
     accepted = counter_delta(snaps, SPEC_ACCEPTED, **flt)
@@ -262,7 +262,7 @@ def _offload(snaps: list[Snapshot], flt: dict) -> dict:
     ``hits_observed`` is True if any signal moved, False if signals exist but
     stayed flat, None if the server exposes none of them. The generic one is
     ``vllm:external_prefix_cache_hits`` (the only one SimpleCPUOffload moved in
-    vLLM 0.24, FACTS §4); the connector-specific ones confirm which tier.
+    vLLM 0.24, docs/references.md §5); the connector-specific ones confirm which tier.
     """
     signals = {
         "external_prefix_cache_hits": counter_delta(snaps, EXT_HITS, **flt),

@@ -28,7 +28,7 @@ class Expectations:
     - synthetic_al / al_tolerance: forced acceptance length and the absolute
       band (AL units) the measured 1 + Δaccepted/Δdrafts must fall in.
       InferenceX calibrates AL to 2 decimals; 0.05 covers the sampling noise
-      of a few thousand drafts (FACTS §4: target 2.5, measured 2.52).
+      of a few thousand drafts (H200, docs/references.md §5: target 2.5, measured 2.52).
     - offload_expected / working_set_exceeds_pool: an offload connector is
       configured and the trace's working set does not fit the device pool, so
       some prompt blocks must come back from the offload tier.

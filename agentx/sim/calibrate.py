@@ -100,7 +100,7 @@ def decode_tpot_ms(profile: str, streams: int, ctx: int, spec_k: int = 0, al: fl
 
 
 # Published figures the shipped profiles are compared with (docs/simulator.md cites them).
-_F4 = "FACTS §4 (H200, vLLM 0.24)"
+_F4 = "H200, vLLM 0.24 (docs/references.md §5)"
 _IX = "InferenceX MiniMax-M3 day-0 blog, 2026-06-13"
 ANCHORS: list[dict] = [
     dict(profile="h200-qwen3-8b-bf16", label="1 stream, 2000/256", sc=Scenario(1, 2000, 256, 4),

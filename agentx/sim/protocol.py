@@ -3,7 +3,7 @@
 Streamed chunks are rendered from per-request byte templates instead of `orjson.dumps` of a
 dict per chunk: the step loop emits up to tens of thousands of chunks per second, and the
 variable parts (generated words, token counts) never need JSON escaping.
-See /work/shared/vllm-samples/*.sse for the reference shapes.
+See tests/data/vllm-samples/*.sse (captured from vLLM 0.32) for the reference shapes.
 """
 from __future__ import annotations
 

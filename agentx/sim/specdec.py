@@ -4,7 +4,7 @@ vLLM (`rejection_sample_method: synthetic`) takes per-position *unconditional* r
 (non-increasing; p_i = probability that the first i drafts are all accepted), or a mean
 acceptance length L that it resolves to the minimum-variance schedule
 p_i = clip(L - i, 0, 1) (e.g. L=2.6, K=3 -> [1.0, 0.6, 0.0]; vLLM's own unit test, and the
-H200 measurement in FACTS §4: L=2.5 accepted 976/509/0 of 976 drafts per position).
+H200 measurement in docs/references.md §5: L=2.5 accepted 976/509/0 of 976 drafts per position).
 One uniform draw u per request-step accepts the prefix {i : u < p_i}, which realises exactly
 those marginals, so E[accepted] = sum(p) and AL = 1 + accepted/drafts = 1 + sum(p).
 

@@ -4,7 +4,7 @@ Rendered by prometheus_client from a private registry per simulator (so several 
 simulators can live in one process), which yields the same text as vLLM: counters as
 `<name>_total` plus a `<name>_created` gauge, histograms with `_bucket{le=...}`/`_count`/`_sum`,
 labels `engine` and `model_name`. Families and buckets follow a real vLLM 0.32 scrape
-(/work/shared/vllm-samples/metrics_after.txt). Offload families depend on the backend,
+(tests/data/vllm-samples/metrics_after.txt). Offload families depend on the backend,
 see docs/simulator.md §Metrics.
 """
 from __future__ import annotations

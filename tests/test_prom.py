@@ -132,7 +132,8 @@ def test_tokens_by_source(metrics: dict) -> None:
 
 def test_tokens_by_source_derived_without_source_family() -> None:
     def strip(text: str) -> str:
-        return "\n".join(l for l in text.splitlines() if "prompt_tokens_cached_by_source" not in l) + "\n"
+        return "\n".join(ln for ln in text.splitlines()
+                         if "prompt_tokens_cached_by_source" not in ln) + "\n"
     out = sm.compute(parse_metrics(strip(BEFORE), t=0), parse_metrics(strip(AFTER), t=1))
     assert out["tokens_by_source_origin"] == "derived"
     assert out["tokens_by_source"] == {"device": gdelta(sm.PREFIX_HITS), "external": gdelta(sm.EXT_HITS)}
@@ -244,7 +245,8 @@ def test_lazily_created_label_set_counts_from_zero() -> None:
 
 def test_gauge_mean_is_time_weighted() -> None:
     def gauge(v: float, t: float):
-        return parse_metrics(f'# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{engine="0"}} {v}\n', t=t)
+        text = f'# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{engine="0"}} {v}\n'
+        return parse_metrics(text, t=t)
     pts = [(0.0, 0.0), (1.0, 1.0), (3.0, 1.0)]
     snaps = [gauge(v, t) for t, v in pts]
     out = sm.compute(snaps[0], snaps[-1], snaps[1:-1])

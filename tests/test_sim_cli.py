@@ -43,9 +43,10 @@ def run_module(*argv: str, **kw) -> subprocess.Popen:
 
 
 def test_bad_input_is_one_line_and_exit_2():
-    for argv, field in ((["--profile", "nope"], "profile"), (["--spec-k", "3", "--synthetic-al", "5"], "synthetic_al"),
-                        (["--fail-kinds", "429,boom"], "fail_kinds"), (["--spec-k", "2", "--synthetic-rates", "0.2,0.5"],
-                                                                      "synthetic_rates")):
+    for argv, field in ((["--profile", "nope"], "profile"),
+                        (["--spec-k", "3", "--synthetic-al", "5"], "synthetic_al"),
+                        (["--fail-kinds", "429,boom"], "fail_kinds"),
+                        (["--spec-k", "2", "--synthetic-rates", "0.2,0.5"], "synthetic_rates")):
         p = run_module(*argv)
         out, err = p.communicate(timeout=30)
         assert p.returncode == 2, (argv, err)

@@ -34,7 +34,8 @@ async def run(offload: str) -> tuple[list[float], dict]:
                     res = await post_stream(s, sim.base_url + "/v1/chat/completions",
                                             {"messages": prompt(i), "max_tokens": 4, "ignore_eos": True,
                                              "stream": True, "stream_options": {"include_usage": True}})
-                    first_tok = next(t for t, c, _ in res.events if c["choices"] and c["choices"][0]["delta"].get("content"))
+                    first_tok = next(t for t, c, _ in res.events
+                                     if c["choices"] and c["choices"][0]["delta"].get("content"))
                     ttfts.append((first_tok - res.sent_ns) / 1e6)
             async with s.get(sim.base_url + "/metrics") as r:
                 fams = {f.name: f for f in text_string_to_metric_families(await r.text())}

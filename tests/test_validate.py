@@ -20,7 +20,7 @@ def server_metrics(before: str = BEFORE, after: str = AFTER) -> dict:
 
 
 def drop(text: str, needle: str) -> str:
-    return "\n".join(l for l in text.splitlines() if needle not in l) + "\n"
+    return "\n".join(ln for ln in text.splitlines() if needle not in ln) + "\n"
 
 
 @pytest.fixture(scope="module")

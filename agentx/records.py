@@ -4,7 +4,8 @@ One `RequestRecord` per request that was started, written to requests.jsonl as s
 finishes (flushed per line, so a crashing server or client never loses finished records).
 Times: wall-clock ns for correlation with server logs, monotonic ns (perf_counter) for all
 durations; chunk arrival offsets are ns after the request start, taken when the bytes arrived,
-before parsing.
+before parsing. The client records raw facts (`client.facts.StreamFacts`); `assemble` is the one
+place a record's measured fields are filled from them, the derived ones by `metrics.definitions`.
 """
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from dataclasses import dataclass, field
 from typing import IO
 
 import orjson
+
+from .client.facts import StreamFacts
+from .metrics import definitions as d
 
 
 @dataclass(slots=True)
@@ -28,7 +32,7 @@ class RequestRecord:
     intended_send_ns: int = 0  # monotonic: when the engine wanted to send (end of think time)
     start_wall_ns: int = 0
     start_ns: int = 0  # monotonic, right before the request was handed to the socket
-    first_token_ns: int = 0  # monotonic arrival of the first chunk carrying a token
+    first_token_ns: int = 0  # first event with non-empty choices (vLLM's first-token instant)
     first_content_ns: int = 0  # first non-reasoning content
     end_ns: int = 0
     ttft_ms: float | None = None
@@ -58,6 +62,26 @@ class RequestRecord:
     def to_json(self) -> bytes:
         # orjson serialises dataclasses natively: same bytes as asdict(), ~30x cheaper
         return orjson.dumps(self)
+
+
+def assemble(rec: RequestRecord, f: StreamFacts) -> None:
+    """Fill `rec` from what the client observed: raw fields copied, metrics computed by
+    metrics.definitions (also for failed and cancelled requests)."""
+    rec.start_wall_ns, rec.start_ns, rec.end_ns = f.start_wall_ns, f.start_ns, f.end_ns
+    rec.first_token_ns, rec.first_content_ns = f.first_chunk_ns, f.first_content_ns
+    rec.chunk_offsets_ns, rec.chunk_tokens = f.chunk_offsets_ns, f.chunk_tokens
+    rec.status, rec.error, rec.error_detail = f.status, f.error, f.error_detail
+    rec.isl, rec.cached_tokens, rec.reasoning_tokens = f.isl, f.cached_tokens, f.reasoning_tokens
+    rec.server_ttft_ms, rec.server_queue_ms = f.server_ttft_ms, f.server_queue_ms
+    rec.finish_reason = f.finish_reason
+    rec.ok = f.error is None and f.status == 200
+    rec.osl_counted = sum(f.chunk_tokens)
+    rec.osl = d.output_tokens(f.osl, f.chunk_tokens)
+    rec.ttft_ms = d.ttft_ms(f.start_ns, f.first_chunk_ns)
+    rec.ttfc_ms = d.ttfc_ms(f.start_ns, f.first_content_ns)
+    rec.e2e_ms = d.e2e_ms(f.start_ns, f.end_ns, f.last_chunk_ns, rec.ok)
+    rec.tpot_ms = d.tpot_ms(rec.e2e_ms, rec.ttft_ms, rec.osl) if rec.ok else None
+    rec.dispatch_lag_ms = d.dispatch_lag_ms(rec.intended_send_ns, f.start_ns)
 
 
 class RecordWriter:

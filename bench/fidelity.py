@@ -40,6 +40,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from agentx.metrics.dist import dist
+
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"
@@ -151,12 +153,6 @@ def vllm_requests(path: str | os.PathLike, prefix: str, conc: int) -> list[Clien
 
 
 # ---------------------------------------------------------------- comparison
-def pcts(values: list[float]) -> dict:
-    if not values:
-        return {"n": 0, "p50": None, "p99": None}
-    a = np.asarray(values, dtype=float)
-    p50, p99 = np.percentile(a, [50, 99])
-    return {"n": int(a.size), "p50": float(p50), "p99": float(p99)}
 
 
 def open_streams(truth: list[TruthReq], t0: int, t1: int) -> float:
@@ -226,10 +222,10 @@ def compare(truth: dict[str, TruthReq], client: list[ClientReq], warm_s: float,
         "requests": matched, "failed": failed, "chunk_count_mismatch": mismatched,
         "steady_window_s": (t1 - t0) / 1e9,
         "streams_open": open_streams(list(truth.values()), t0, t1),
-        "ttft_true": pcts(ttft_true), "ttft_reported": pcts(ttft_rep), "ttft_err": pcts(ttft_err),
-        "send_lag": pcts(send_lag), "server_front": pcts(front),
-        "itl_true": pcts(itl_true), "itl_reported": pcts(itl_rep), "itl_err": pcts(itl_err),
-        "tpot_true": pcts(tpot_true), "tpot_reported": pcts(tpot_rep), "tpot_err": pcts(tpot_err),
+        "ttft_true": dist(ttft_true), "ttft_reported": dist(ttft_rep), "ttft_err": dist(ttft_err),
+        "send_lag": dist(send_lag), "server_front": dist(front),
+        "itl_true": dist(itl_true), "itl_reported": dist(itl_rep), "itl_err": dist(itl_err),
+        "tpot_true": dist(tpot_true), "tpot_reported": dist(tpot_rep), "tpot_err": dist(tpot_err),
     }
 
 

@@ -45,21 +45,22 @@ def test_trace_stats_by_hand():
     st = trace_stats(tiny())
     p = st["parent"]
     assert (st["sessions"], st["turns"], st["subagents"], st["subagent_turns"]) == (2, 6, 1, 2)
-    assert p["turns_per_session"] == {"n": 2, "mean": 3.0, "p10": 3.0, "p50": 3.0,
-                                      "p90": 3.0, "p99": 3.0}
+    assert p["turns_per_session"] == {"count": 2, "mean": 3.0, "std": 0.0, "min": 3.0,
+                                      "max": 3.0, "p10": 3.0, "p50": 3.0, "p75": 3.0,
+                                      "p90": 3.0, "p95": 3.0, "p99": 3.0}
     # first prompts 25, 12: linear interpolation p10 = 12 + 0.1 * 13, p90 = 12 + 0.9 * 13
     assert p["first_prompt_tokens"]["p10"] == pytest.approx(13.3)
     assert p["first_prompt_tokens"]["p50"] == pytest.approx(18.5)
     assert p["first_prompt_tokens"]["p90"] == pytest.approx(23.7)
     assert p["last_prompt_tokens"]["mean"] == pytest.approx((38 + 25) / 2)
     # growth: A 25→42 (+17), 42→38 shrink; B 12→8 shrink, 8→25 (+17)
-    assert p["input_growth_tokens"]["n"] == 2 and p["input_growth_tokens"]["p50"] == 17
+    assert p["input_growth_tokens"]["count"] == 2 and p["input_growth_tokens"]["p50"] == 17
     assert st["compaction_turns"] == 2 and st["compaction_turn_fraction"] == 0.5
     assert p["output_tokens"]["mean"] == pytest.approx((10 + 20 + 30 + 40 + 50 + 60) / 6)
     # think times of turns after the first: 4, 8, 1, 3
-    assert p["think_time_s"]["n"] == 4 and p["think_time_s"]["mean"] == 4.0
+    assert p["think_time_s"]["count"] == 4 and p["think_time_s"]["mean"] == 4.0
     # api times where known: A 1.0, 2.0 (third unknown); B 1.0 x3
-    assert p["api_time_s"]["n"] == 5 and p["api_time_s"]["mean"] == pytest.approx(6.0 / 5)
+    assert p["api_time_s"]["count"] == 5 and p["api_time_s"]["mean"] == pytest.approx(6.0 / 5)
     assert st["subagents_per_session"] == 0.5
     assert st["subagents_per_100_turns"] == pytest.approx(100 / 6)
     assert p["subagents_per_session"]["mean"] == 0.5

@@ -1,26 +1,30 @@
 """Streaming OpenAI-compatible requests: one request in, one filled RequestRecord out.
 
-Builds request bodies, sends them through the wire client (`wire.HTTPClient`) and derives
-each record's metrics. Timing rules (docs/metrics.md): start = monotonic ns right before a
+Builds request bodies, sends them through the wire client (`wire.HTTPClient`), classifies the
+outcome and hands the raw facts to `records.assemble`, which computes the metrics
+(`metrics.definitions`). Timing rules (docs/metrics.md): start = monotonic ns right before a
 connection is taken for the request (a new connection's set-up counts, as in vLLM's bench
 client); every read is timestamped when it arrives, before de-chunking, SSE splitting or JSON
 parsing; token accounting is `sse.StreamDecoder`'s.
 """
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import aiohttp
 import orjson
 
-from ..records import RequestRecord
+from ..records import RequestRecord, assemble
 from .config import ClientConfig
+from .facts import StreamFacts
 from .sse import StreamDecoder
 from .wire import HTTPClient, HTTPError, RequestBody
 
-__all__ = ["ClientConfig", "HTTPClient", "make_session", "stream_request", "chat_body",
-           "completion_body", "first_model", "get_json", "post_json", "finish_record"]
+__all__ = ["ClientConfig", "HTTPClient", "chat_body", "completion_body", "first_model",
+           "get_json", "make_session", "post_json", "stream_request"]
 
 perf_ns = time.perf_counter_ns
 
@@ -89,49 +93,33 @@ async def stream_request(session: HTTPClient, url: str, body: bytes | Sequence[b
                          rec: RequestRecord, headers: dict[str, str],
                          keep_text: bool = False) -> str | None:
     """Send one streaming request and fill `rec`. Never raises for server/network faults:
-    they become rec.error; returns the generated text when keep_text (live history).
-    `body` is released once the response has begun (see RequestBody)."""
-    dec = StreamDecoder(rec, keep_text)
+    they become rec.error; a cancellation is recorded as `cancelled` and re-raised. Returns
+    the generated text when keep_text (live history). `body` is released once the response
+    has begun (see RequestBody)."""
+    facts = StreamFacts(start_wall_ns=time.time_ns())
+    dec = StreamDecoder(facts, keep_text)
     req = RequestBody(body)
     del body
-    rec.start_wall_ns = time.time_ns()
     try:
-        resp = await session.stream(url, req, headers, dec, rec)
-        rec.end_ns = perf_ns()
-        rec.status = resp.status
-        if resp.status != 200:
-            rec.error = f"http_{resp.status}"
-            rec.error_detail = b"".join(resp.err_body)[:300].decode("utf-8", "replace")
-            return None
-        if not dec.seen_done and rec.error is None:
-            rec.error = "incomplete"
-            rec.error_detail = "stream ended without [DONE]"
+        await session.stream(url, req, headers, dec)
+        facts.end_ns = perf_ns()
+        if facts.status != 200:
+            facts.error = f"http_{facts.status}"
+            facts.error_detail = facts.error_body.decode("utf-8", "replace")
+        elif not dec.seen_done and facts.error is None:
+            facts.error = "incomplete"
+            facts.error_detail = "stream ended without [DONE]"
     except HTTPError as exc:
-        rec.error = exc.kind
-        rec.error_detail = str(exc)[:300]
+        facts.error = exc.kind
+        facts.error_detail = str(exc)[:300]
+    except asyncio.CancelledError:
+        facts.error = "cancelled"
+        raise
     finally:
-        if not rec.end_ns:
-            rec.end_ns = perf_ns()
-        if not rec.start_ns:
-            rec.start_ns = rec.end_ns
+        if not facts.end_ns:
+            facts.end_ns = perf_ns()
+        if not facts.start_ns:
+            facts.start_ns = facts.end_ns
         dec.finish()
-        finish_record(rec)
-    return dec.text if keep_text else None
-
-
-def finish_record(rec: RequestRecord) -> None:
-    """Derive the per-request metrics (definitions in docs/metrics.md)."""
-    rec.osl_counted = sum(rec.chunk_tokens)
-    if rec.osl is None and rec.osl_counted:
-        rec.osl = rec.osl_counted
-    rec.e2e_ms = (rec.end_ns - rec.start_ns) / 1e6
-    if rec.first_token_ns:
-        rec.ttft_ms = (rec.first_token_ns - rec.start_ns) / 1e6
-    if rec.first_content_ns:
-        rec.ttfc_ms = (rec.first_content_ns - rec.start_ns) / 1e6
-    if rec.intended_send_ns:
-        rec.dispatch_lag_ms = max(0, rec.start_ns - rec.intended_send_ns) / 1e6
-    rec.ok = rec.error is None and rec.status == 200
-    if rec.ok and rec.osl and rec.osl > 1 and rec.ttft_ms is not None:
-        # vLLM's TPOT: (E2E - TTFT) / (output tokens - 1)
-        rec.tpot_ms = (rec.e2e_ms - rec.ttft_ms) / (rec.osl - 1)
+        assemble(rec, facts)
+    return dec.text if keep_text and facts.status == 200 else None

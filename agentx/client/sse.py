@@ -1,4 +1,4 @@
-"""Incremental Server-Sent-Events decoding of OpenAI-style streams into a RequestRecord.
+"""Incremental Server-Sent-Events decoding of OpenAI-style streams into StreamFacts.
 
 Bytes are fed with the timestamp the transport took when they arrived (before any parsing);
 each complete `data:` event is decoded once, never on partial data, and every event completed
@@ -6,13 +6,14 @@ by one read gets that read's timestamp. `StreamDecoder` does the per-event accou
 (definitions in docs/metrics.md): a chunk's token count is the increase of
 `usage.completion_tokens` when the server streams continuous usage (several tokens per chunk
 under speculative decoding), else 1 per chunk that carries text; `delta.reasoning` /
-`delta.reasoning_content` count as tokens.
+`delta.reasoning_content` count as tokens. Only raw facts are recorded (arrival times, token
+counts, usage); the metrics are computed from them by `metrics.definitions`.
 """
 from __future__ import annotations
 
 import orjson
 
-from ..records import RequestRecord
+from .facts import StreamFacts
 
 DONE = b"[DONE]"
 _loads = orjson.loads
@@ -32,25 +33,25 @@ def _data_of(event: bytes) -> bytes | None:
 
 
 class StreamDecoder:
-    """One response stream -> `rec` fields (chunk offsets and tokens, first token, usage...).
+    """One response stream -> `facts` (chunk offsets and tokens, first chunk, usage...).
 
     `t0` is the request's start (monotonic ns); `feed(data, t)` takes body bytes and their
     arrival time. vLLM's plain token chunks are recognised by byte search (no JSON parse,
     the payload slice is the only allocation); every other event is parsed once."""
 
-    __slots__ = ("rec", "t0", "seen_done", "text_parts", "_buf", "_prev_usage", "_offsets",
+    __slots__ = ("facts", "t0", "seen_done", "text_parts", "_buf", "_prev_usage", "_offsets",
                  "_tokens", "_usage")
 
-    def __init__(self, rec: RequestRecord, keep_text: bool = False) -> None:
-        self.rec = rec
+    def __init__(self, facts: StreamFacts, keep_text: bool = False) -> None:
+        self.facts = facts
         self.t0 = 0
         self.seen_done = False
         self.text_parts: list[str] | None = [] if keep_text else None
         self._buf = b""
         self._prev_usage = 0
         self._usage: dict | None = None
-        self._offsets = rec.chunk_offsets_ns
-        self._tokens = rec.chunk_tokens
+        self._offsets = facts.chunk_offsets_ns
+        self._tokens = facts.chunk_tokens
 
     def feed(self, data: bytes, t: int) -> None:
         buf = self._buf + data if self._buf else data
@@ -81,13 +82,14 @@ class StreamDecoder:
         if self.text_parts is None:
             k = _fast_content_tokens(payload)
             if k >= 0:  # a plain content chunk: no JSON parse needed
-                rec = self.rec
+                f = self.facts
                 n = k - self._prev_usage
                 self._prev_usage = k
-                if not rec.first_token_ns:
-                    rec.first_token_ns = t
-                if not rec.first_content_ns:
-                    rec.first_content_ns = t
+                f.last_chunk_ns = t
+                if not f.first_chunk_ns:
+                    f.first_chunk_ns = t
+                if not f.first_content_ns:
+                    f.first_content_ns = t
                 self._offsets.append(t - self.t0)
                 self._tokens.append(n)
                 return
@@ -95,26 +97,29 @@ class StreamDecoder:
             ev = _loads(payload)
         except _JSONError:
             ev = None
-        rec = self.rec
+        f = self.facts
         if type(ev) is not dict:
-            rec.error = "malformed"
-            rec.error_detail = payload[:200].decode("utf-8", "replace")
+            f.error = "malformed"
+            f.error_detail = payload[:200].decode("utf-8", "replace")
             return
         choices = ev.get("choices")
         usage = ev.get("usage")
         if not choices:
             if "error" in ev:
-                rec.error = "stream_error"
-                rec.error_detail = str(ev["error"])[:300]
+                f.error = "stream_error"
+                f.error_detail = str(ev["error"])[:300]
                 return
             if usage:  # the final usage-only chunk (cached tokens, per-request metrics)
                 self.finish()
-                take_usage(rec, usage)
+                take_usage(f, usage)
                 m = ev.get("metrics")
                 if m:
-                    rec.server_ttft_ms = m.get("time_to_first_token_ms")
-                    rec.server_queue_ms = m.get("queue_time_ms")
+                    f.server_ttft_ms = m.get("time_to_first_token_ms")
+                    f.server_queue_ms = m.get("queue_time_ms")
             return
+        f.last_chunk_ns = t  # vLLM's first/last "token" instants: any non-empty choices
+        if not f.first_chunk_ns:
+            f.first_chunk_ns = t
         ch = choices[0]
         delta = ch.get("delta")
         if delta is not None:
@@ -131,24 +136,25 @@ class StreamDecoder:
         else:
             k = 1 if content or reasoning else 0
         if k > 0 or content or reasoning:
-            if not rec.first_token_ns:
-                rec.first_token_ns = t
             if reasoning:
-                rec.reasoning_tokens += k
-            elif content and not rec.first_content_ns:
-                rec.first_content_ns = t
+                f.reasoning_tokens += k
+            elif content and not f.first_content_ns:
+                f.first_content_ns = t
             self._offsets.append(t - self.t0)
             self._tokens.append(k)
             if content and self.text_parts is not None:
                 self.text_parts.append(content)
         fr = ch.get("finish_reason")
         if fr:
-            rec.finish_reason = fr
+            f.finish_reason = fr
 
     def finish(self) -> None:
-        """Apply the last per-chunk usage (prompt and completion tokens so far)."""
+        """Apply the last per-chunk usage (prompt and completion tokens so far): a stream cut
+        before its final usage chunk keeps what it had. Plain token chunks skip the JSON parse,
+        so their running completion count is the decoder's own."""
         if self._usage is not None:
-            take_usage(self.rec, self._usage)
+            take_usage(self.facts, self._usage)
+            self.facts.osl = self._prev_usage
             self._usage = None
 
     @property
@@ -192,11 +198,11 @@ def _fast_content_tokens(p: bytes) -> int:
     return int(p[c:e]) if e > c else -1
 
 
-def take_usage(rec: RequestRecord, usage: dict) -> None:
+def take_usage(f: StreamFacts, usage: dict) -> None:
     if usage.get("prompt_tokens") is not None:
-        rec.isl = usage["prompt_tokens"]
+        f.isl = usage["prompt_tokens"]
     if usage.get("completion_tokens") is not None:
-        rec.osl = usage["completion_tokens"]
+        f.osl = usage["completion_tokens"]
     details = usage.get("prompt_tokens_details")
     if details and details.get("cached_tokens") is not None:
-        rec.cached_tokens = details["cached_tokens"]
+        f.cached_tokens = details["cached_tokens"]

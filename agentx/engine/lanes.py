@@ -20,11 +20,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol
 
+from ..client.facts import StreamFacts
 from ..plan import Planner
 from ..prefix_cache import PrefixCache
 from ..prompt.synth import Conversation, PreparedTurn, SynthConfig
 from ..prompt.token_model import TokenModel
-from ..records import RequestRecord
+from ..records import RequestRecord, assemble
 from ..trace.model import Subagent, Trace, Turn
 
 perf_ns = time.perf_counter_ns
@@ -241,13 +242,11 @@ class Engine:
         try:
             live_text = await asyncio.shield(task)
         except asyncio.CancelledError:
-            if not task.done():
-                task.cancel()
-            rec.error = rec.error or "cancelled"
-            rec.ok = False
-            if not rec.end_ns:
-                rec.end_ns = perf_ns()
-                rec.e2e_ms = (rec.end_ns - rec.start_ns) / 1e6 if rec.start_ns else None
+            if not task.done():  # this lane itself was cancelled: let the request record
+                task.cancel()  # what it saw (the client assembles a cancelled record)
+                await asyncio.wait({task}, timeout=1.0)
+            if not rec.start_ns:  # cancelled before it was sent: nothing was measured
+                assemble(rec, StreamFacts(error="cancelled"))
         except Exception as exc:  # a bug in rendering/sending must not lose the record
             rec.error = rec.error or type(exc).__name__
             rec.error_detail = str(exc)[:300]

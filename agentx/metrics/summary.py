@@ -1,42 +1,17 @@
 """Aggregate request records into the run summary (definitions: docs/metrics.md).
 
-Only measured requests count: ok, not warm-up, not cancelled. Percentiles use linear
-interpolation (numpy's default, as InferenceX and vLLM's bench do); std is the population std.
+Only measured requests count: ok, not warm-up, not cancelled. The latency distributions are
+those declared in `definitions.METRICS`, each summarised by `dist.dist` (linear-interpolation
+percentiles, population std).
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable
 
-import numpy as np
+from .definitions import METRICS
+from .dist import dist
 
-PCTS = (50, 75, 90, 95, 99)
-
-
-def dist(values: Sequence[float] | np.ndarray) -> dict:
-    a = np.asarray([v for v in values if v is not None], dtype=float)
-    if a.size == 0:
-        return {"count": 0, "mean": None, **{f"p{p}": None for p in PCTS}, "std": None,
-                "min": None, "max": None}
-    q = np.percentile(a, PCTS)
-    return {"count": int(a.size), "mean": float(a.mean()),
-            **{f"p{p}": float(v) for p, v in zip(PCTS, q)},
-            "std": float(a.std()), "min": float(a.min()), "max": float(a.max())}
-
-
-def chunk_itls_ms(rec: dict) -> list[float]:
-    """Gaps between consecutive token-carrying chunks (ms)."""
-    o = rec["chunk_offsets_ns"]
-    return [(o[i] - o[i - 1]) / 1e6 for i in range(1, len(o))]
-
-
-def token_itls_ms(rec: dict) -> list[float]:
-    """Per-token ITL: a chunk gap divided over the k tokens that chunk carried."""
-    o, k = rec["chunk_offsets_ns"], rec["chunk_tokens"]
-    out = []
-    for i in range(1, len(o)):
-        n = max(1, k[i])
-        out.extend([(o[i] - o[i - 1]) / 1e6 / n] * n)
-    return out
+__all__ = ["dist", "measured", "summarize"]
 
 
 def measured(records: Iterable[dict]) -> list[dict]:
@@ -49,12 +24,6 @@ def summarize(records: list[dict], *, window_s: float, gpus: int | None = None,
     meas = measured(records)
     failed = [r for r in records if not r["ok"] and r["error"] != "cancelled" and not r["warmup"]]
     cancelled = [r for r in records if r["error"] == "cancelled" and not r["warmup"]]
-    itl_chunk: list[float] = []
-    itl_tok: list[float] = []
-    for r in meas:
-        itl_chunk.extend(chunk_itls_ms(r))
-        itl_tok.extend(token_itls_ms(r))
-    tpot = [r["tpot_ms"] for r in meas if r["tpot_ms"]]
     isl = sum((r["isl"] if r["isl"] is not None else r["isl_intended"]) for r in meas)
     osl = sum((r["osl"] or 0) for r in meas)
     w = max(window_s, 1e-9)
@@ -76,13 +45,7 @@ def summarize(records: list[dict], *, window_s: float, gpus: int | None = None,
         "cancelled": len(cancelled),
         "warmup_requests": sum(1 for r in records if r["warmup"]),
         "errors": errors,
-        "ttft_ms": dist([r["ttft_ms"] for r in meas]),
-        "ttfc_ms": dist([r["ttfc_ms"] for r in meas]),
-        "tpot_ms": dist(tpot),
-        "itl_ms": dist(itl_chunk),
-        "itl_token_ms": dist(itl_tok),
-        "e2e_ms": dist([r["e2e_ms"] for r in meas]),
-        "interactivity_tok_s_user": dist([1000.0 / t for t in tpot if t > 0]),
+        **{m.tag: dist(v for r in meas for v in m.values(r)) for m in METRICS},
         "throughput": throughput,
         "tokens": {"input": isl, "output": osl,
                    "reasoning": sum(r["reasoning_tokens"] for r in meas),

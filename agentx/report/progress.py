@@ -8,16 +8,17 @@ import asyncio
 import sys
 import time
 
-import numpy as np
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from ..engine.lanes import LiveStats
+from ..metrics.dist import percentile
 
 
 def _p50(xs: list[float]) -> str:
-    return f"{np.percentile(xs, 50):.1f}" if xs else "-"
+    p = percentile(xs, 50)
+    return "-" if p is None else f"{p:.1f}"
 
 
 def status_line(s: LiveStats, elapsed: float) -> str:

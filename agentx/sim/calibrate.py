@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 
 from .build import build_engine
+from ..metrics.dist import dist
 from .config import SimConfig
 from .profile import resolve
 from .request import SimRequest
@@ -82,11 +83,12 @@ def simulate(cfg: SimConfig, sc: Scenario, seed: int = 0) -> dict:
     tpot = [(q.last_token_ns - q.first_token_ns) / 1e6 / (q.num_out - 1) for q in done if q.num_out > 1]
     gaps = sum(len(q.events) - 1 for q in done)
     itl = sum((q.last_token_ns - q.first_token_ns) / 1e6 for q in done) / gaps if gaps else 0.0
-    return {"ttft_mean_ms": statistics.fmean(ttft), "ttft_p50_ms": statistics.median(ttft),
-            "tpot_mean_ms": statistics.fmean(tpot), "itl_mean_ms": itl, "output_tok_s": out / wall,
+    ttft_d = dist(ttft)
+    return {"ttft_mean_ms": ttft_d["mean"], "ttft_p50_ms": ttft_d["p50"],
+            "tpot_mean_ms": dist(tpot)["mean"], "itl_mean_ms": itl, "output_tok_s": out / wall,
             "tok_s_per_gpu": (out + sc.prompt_tokens * n_done) / wall / r.tp,
             "cached_mean": statistics.fmean(q.cached_device + q.cached_host for q in done),
-            "prefill_tok_s": sc.prompt_tokens / (statistics.fmean(ttft) / 1e3), "steps": eng.steps}
+            "prefill_tok_s": sc.prompt_tokens / (ttft_d["mean"] / 1e3), "steps": eng.steps}
 
 
 def decode_tpot_ms(profile: str, streams: int, ctx: int, spec_k: int = 0, al: float = 1.0) -> float:

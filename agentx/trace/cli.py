@@ -80,11 +80,11 @@ def print_stats(st: dict) -> None:
                     f"{st['subagents']:,} subagents ({st['subagent_turns']:,} turns), "
                     f"block {st['block_size']}", box=box.SIMPLE_HEAD)
     t.add_column("tokens unless noted", no_wrap=True)
-    for c in ("n", *_COLS):
+    for c in ("count", *_COLS):
         t.add_column(c, justify="right", no_wrap=True)
     for prefix, group in (("", st["parent"]), ("sub ", st["subagent"])):
         for key, d in group.items():
-            t.add_row(prefix + _LABELS.get(key, key), f"{d['n']:,}",
+            t.add_row(prefix + _LABELS.get(key, key), f"{d['count']:,}",
                       *(_fmt(key, d.get(c)) for c in _COLS))
     console.print(t)
     hit = st["parent"]["prefix_hit_rate"]["mean"]

@@ -1,6 +1,7 @@
 """Shape statistics of a TraceSet: what a workload looks like before it is replayed.
 
-Distributions (p10/p50/p90/p99/mean, numpy linear interpolation) are over parent sessions and
+Distributions (`metrics.dist`: count, mean, std, min, max, p10 ... p99, linear interpolation)
+are over parent sessions and
 their own turns; subagents are reported separately. Hit rates are the theoretical prefix-cache
 hits implied by the hash_ids (block granularity, a turn's hit = the longest prefix of its ids
 already cached × block_size, capped at its prompt):
@@ -14,23 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-import numpy as np
-
+from ..metrics.dist import dist
 from ..prefix_cache import PrefixCache
 from .model import Subagent, Trace, TraceSet, Turn
 from .weka import common_prefix
-
-PCTS = (10, 50, 90, 99)
-
-
-def dist(values: Sequence[float]) -> dict:
-    """{n, mean, p10, p50, p90, p99}; None figures when there are no values."""
-    a = np.asarray(values, dtype=float)
-    if a.size == 0:
-        return {"n": 0, "mean": None, **{f"p{p}": None for p in PCTS}}
-    q = np.percentile(a, PCTS)
-    return {"n": int(a.size), "mean": float(a.mean()),
-            **{f"p{p}": float(v) for p, v in zip(PCTS, q)}}
 
 
 def session_hits(turns: Sequence[Turn], block_size: int) -> list[int]:

@@ -1,0 +1,218 @@
+"""HTTP/1.1 message framing for the streaming client: the request body it may resend, and the
+incremental parse of a response whose body bytes go straight to the stream decoder.
+
+Every `feed` carries the arrival timestamp the connection took before anything else ran
+(`wire._Conn.data_received`); de-chunking here adds no copy in the common case of a whole chunk
+per read.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from .sse import StreamDecoder
+
+MAX_HEAD = 64 * 1024
+
+
+class HTTPError(Exception):
+    """A failure classified for RequestRecord.error (connect, reset, timeout, client_error)."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+
+
+class Stale(Exception):
+    """A reused keep-alive connection died before any response byte: safe to resend."""
+
+
+class RequestBody:
+    """A request body that the client lets go of once the response has begun: a resend is
+    possible only before that, and an agentic prompt is ~1 MB per lane that would otherwise
+    stay alive for the whole generation. Callers pass bytes (or fragments) and keep no
+    reference of their own if they want the memory back early."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self, body: bytes | Sequence[bytes]) -> None:
+        self.parts: Sequence[bytes] | None = (body,) if type(body) is bytes else body
+        self.size = sum(len(p) for p in self.parts)
+
+
+_HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILER, _LENGTH, _UNTIL_EOF, _DONE = range(8)
+
+
+class Response:
+    """Incremental parse of one HTTP/1.1 response; body bytes go to the decoder (status
+    200) or are kept as the error body. Finishes `done` when the body is complete."""
+
+    __slots__ = ("decoder", "done", "state", "buf", "status", "remaining", "keep_alive",
+                 "err_body", "got_bytes", "last_rx", "body")
+
+    def __init__(self, decoder: StreamDecoder, done: asyncio.Future, body: RequestBody) -> None:
+        self.body = body
+        self.decoder = decoder
+        self.done = done
+        self.state = _HEAD
+        self.buf = b""
+        self.status = 0
+        self.remaining = 0
+        self.keep_alive = False
+        self.err_body: list[bytes] = []
+        self.got_bytes = False
+        self.last_rx = 0
+
+    def feed(self, data: bytes, t: int) -> None:
+        if not self.got_bytes:
+            self.got_bytes = True
+            self.body.parts = None  # no resend from here on: let the body go
+        self.last_rx = t
+        if self.state == _HEAD:
+            buf = self.buf + data if self.buf else data
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > MAX_HEAD:
+                    self._fail(HTTPError("client_error", "response head too large"))
+                self.buf = buf
+                return
+            self.buf = b""
+            try:
+                self._head(buf[:end])
+            except (ValueError, IndexError) as exc:
+                self._fail(HTTPError("client_error", f"bad response head: {exc}"))
+                return
+            data = buf[end + 4:]
+            if self.state == _HEAD:  # 1xx: the real head follows
+                if data:
+                    self.feed(data, t)
+                return
+            if self.state == _DONE:
+                self._finish()
+                return
+            if not data:
+                return
+        if self.state == _LENGTH:
+            self._sink(data[:self.remaining], t)
+            self.remaining -= min(len(data), self.remaining)
+            if self.remaining == 0:
+                self.state = _DONE
+                self._finish()
+        elif self.state == _UNTIL_EOF:
+            self._sink(data, t)
+        elif self.state != _DONE:
+            self._chunked(data, t)
+
+    def _head(self, head: bytes) -> None:
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(None, 2)
+        if not parts[0].startswith(b"HTTP/"):
+            raise ValueError(lines[0][:80].decode("latin-1"))
+        self.status = int(parts[1])
+        if 100 <= self.status < 200:
+            return  # state stays _HEAD
+        hdr: dict[bytes, bytes] = {}
+        for ln in lines[1:]:
+            k, _, v = ln.partition(b":")
+            hdr[k.strip().lower()] = v.strip()
+        conn = hdr.get(b"connection", b"").lower()
+        self.keep_alive = parts[0] == b"HTTP/1.1" and conn != b"close" or conn == b"keep-alive"
+        if b"chunked" in hdr.get(b"transfer-encoding", b"").lower():
+            self.state = _CHUNK_SIZE
+        elif b"content-length" in hdr:
+            self.remaining = int(hdr[b"content-length"])
+            self.state = _LENGTH if self.remaining else _DONE
+        else:
+            self.keep_alive = False
+            self.state = _UNTIL_EOF
+
+    def _chunked(self, data: bytes, t: int) -> None:
+        buf = self.buf + data if self.buf else data
+        n = len(buf)
+        pos = 0
+        ok = self.status == 200
+        feed = self.decoder.feed
+        while pos < n:
+            st = self.state
+            if st == _CHUNK_SIZE:
+                j = buf.find(b"\r\n", pos)
+                if j < 0:
+                    break
+                try:
+                    size = int(buf[pos:j].split(b";", 1)[0], 16)
+                except ValueError:
+                    self._fail(HTTPError("client_error", "bad chunk size"))
+                    return
+                pos = j + 2
+                if not size:
+                    self.state = _TRAILER
+                    continue
+                end = pos + size
+                if end + 2 <= n:  # the whole chunk is here (the common case): one step
+                    if ok:
+                        feed(buf[pos:end], t)
+                    else:
+                        self.err_body.append(buf[pos:end])
+                    pos = end + 2
+                    continue
+                self.remaining = size
+                self.state = _CHUNK_DATA
+            elif st == _CHUNK_DATA:
+                take = min(self.remaining, n - pos)
+                piece = buf if take == n else buf[pos:pos + take]
+                if ok:
+                    feed(piece, t)
+                else:
+                    self.err_body.append(piece)
+                pos += take
+                self.remaining -= take
+                if self.remaining == 0:
+                    self.state = _CHUNK_CRLF
+            elif st == _CHUNK_CRLF:
+                if n - pos < 2:
+                    break
+                pos += 2
+                self.state = _CHUNK_SIZE
+            elif st == _TRAILER:
+                if buf.startswith(b"\r\n", pos):
+                    pos += 2
+                else:
+                    j = buf.find(b"\r\n\r\n", pos)
+                    if j < 0:
+                        break
+                    pos = j + 4
+                self.state = _DONE
+                self.buf = b""
+                self._finish()
+                return
+            else:
+                return
+        self.buf = buf[pos:] if pos < n else b""
+
+    def _sink(self, data: bytes, t: int) -> None:
+        if self.status == 200:
+            self.decoder.feed(data, t)
+        else:
+            self.err_body.append(data)
+
+    def _finish(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.keep_alive = False
+        if not self.done.done():
+            self.done.set_exception(exc)
+
+    def closed(self, exc: BaseException | None) -> None:
+        """The connection ended (EOF or error) while this response was current."""
+        self.keep_alive = False
+        if self.state == _UNTIL_EOF and exc is None:
+            self.state = _DONE
+            self._finish()
+        elif self.state != _DONE:
+            if not self.got_bytes:
+                self._fail(Stale(str(exc or "connection closed before the response")))
+            else:
+                self._fail(HTTPError("reset", str(exc) if exc else
+                                     "connection closed before the response ended"))

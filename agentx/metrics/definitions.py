@@ -1,0 +1,131 @@
+"""Every latency metric agentx reports, defined once: a declaration (tag, unit, what it means,
+where the definition comes from) plus a pure function over raw facts (monotonic ns timestamps
+and token counts). The client only records facts (agentx.client.facts); `records.assemble`
+computes the per-request fields and `metrics.summary` the distributions from these functions.
+docs/metrics.md states the same definitions for users.
+
+vLLM's definitions are those of its benchmark client, `vllm bench serve`:
+vllm/benchmarks/lib/endpoint_request_func.py (async_request_openai_chat_completions: TTFT at
+the first SSE event with non-empty `choices`, ITL between later such events, latency at the
+last one) and vllm/benchmarks/serve.py (calculate_metrics: TPOT = (latency - TTFT) /
+(output_tokens - 1) for output_tokens > 1, output_tokens = usage.completion_tokens).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+VLLM_CLIENT = "vllm/benchmarks/lib/endpoint_request_func.py"
+VLLM_SERVE = "vllm/benchmarks/serve.py (calculate_metrics)"
+
+
+def _ms(a_ns: int, b_ns: int) -> float:
+    return (b_ns - a_ns) / 1e6
+
+
+# -- per request --------------------------------------------------------------------------------
+def ttft_ms(start_ns: int, first_chunk_ns: int) -> float | None:
+    """Send -> first event with non-empty `choices` (vLLM). On vLLM that is the role chunk,
+    written in the same engine step as the first token; reasoning tokens count as tokens."""
+    return _ms(start_ns, first_chunk_ns) if first_chunk_ns else None
+
+
+def ttfc_ms(start_ns: int, first_content_ns: int) -> float | None:
+    """Send -> first non-reasoning content: the first token a user sees as the answer."""
+    return _ms(start_ns, first_content_ns) if first_content_ns else None
+
+
+def e2e_ms(start_ns: int, end_ns: int, last_chunk_ns: int = 0, ok: bool = False) -> float | None:
+    """Send -> last event with non-empty `choices` for a completed request (vLLM's latency);
+    send -> the moment the client gave up for a failed or cancelled one."""
+    if not start_ns:
+        return None
+    return _ms(start_ns, last_chunk_ns if ok and last_chunk_ns else end_ns)
+
+
+def output_tokens(usage_completion_tokens: int | None, chunk_tokens: Sequence[int]) -> int | None:
+    """usage.completion_tokens (vLLM); the tokens counted from the chunks when the server
+    sends no usage (None when there were none)."""
+    if usage_completion_tokens is not None:
+        return usage_completion_tokens
+    return sum(chunk_tokens) or None
+
+
+def tpot_ms(e2e: float | None, ttft: float | None, n_out: int | None) -> float | None:
+    """(E2E - TTFT) / (output tokens - 1) (vLLM); undefined for one output token or none."""
+    if e2e is None or ttft is None or not n_out or n_out <= 1:
+        return None
+    return (e2e - ttft) / (n_out - 1)
+
+
+def interactivity_tok_s(tpot: float | None) -> float | None:
+    """Tokens per second one user sees: 1000 / TPOT (ms)."""
+    return 1000.0 / tpot if tpot else None
+
+
+def dispatch_lag_ms(intended_send_ns: int, start_ns: int) -> float | None:
+    """Send - intended send (end of think time): how late the client itself was."""
+    if not intended_send_ns or not start_ns:
+        return None
+    return max(0, start_ns - intended_send_ns) / 1e6
+
+
+# -- per gap (pooled over requests) -------------------------------------------------------------
+def chunk_itls_ms(offsets_ns: Sequence[int]) -> list[float]:
+    """Gaps between consecutive token chunks' arrivals. vLLM's ITL list also holds the gap from
+    its role chunk to the first token chunk (~0, same engine step); ours starts at the first
+    token chunk."""
+    return [(offsets_ns[i] - offsets_ns[i - 1]) / 1e6 for i in range(1, len(offsets_ns))]
+
+
+def token_itls_ms(offsets_ns: Sequence[int], tokens: Sequence[int]) -> list[float]:
+    """Per-token ITL: each chunk gap split evenly over the k tokens the later chunk carried,
+    counted k times (a chunk without a token counts once). Under speculative decoding one chunk
+    carries several tokens, so this is the per-token time a user sees; its mean over a request
+    is TPOT when the first chunk carries one token."""
+    out: list[float] = []
+    for i in range(1, len(offsets_ns)):
+        k = max(1, tokens[i])
+        out.extend([(offsets_ns[i] - offsets_ns[i - 1]) / 1e6 / k] * k)
+    return out
+
+
+# -- declarations -------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """One reported distribution: `tag` is its summary.json key (and, for per-request metrics,
+    its requests.jsonl field); `values` yields its values from one requests.jsonl row."""
+
+    tag: str
+    unit: str
+    description: str
+    source: str
+    values: Callable[[Mapping], Iterable[float]]
+
+
+def _field(name: str) -> Callable[[Mapping], Iterable[float]]:
+    def values(r: Mapping) -> Iterable[float]:
+        v = r[name]
+        return () if v is None else (v,)
+    return values
+
+
+def _interactivity(r: Mapping) -> Iterable[float]:
+    v = interactivity_tok_s(r["tpot_ms"])
+    return () if v is None else (v,)
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("ttft_ms", "ms", "time to first token", VLLM_CLIENT, _field("ttft_ms")),
+    Metric("ttfc_ms", "ms", "time to first non-reasoning content", "agentx",
+           _field("ttfc_ms")),
+    Metric("tpot_ms", "ms", "time per output token after the first", VLLM_SERVE,
+           _field("tpot_ms")),
+    Metric("itl_ms", "ms", "gap between token chunks", VLLM_CLIENT,
+           lambda r: chunk_itls_ms(r["chunk_offsets_ns"])),
+    Metric("itl_token_ms", "ms", "chunk gap per token it carried", "agentx",
+           lambda r: token_itls_ms(r["chunk_offsets_ns"], r["chunk_tokens"])),
+    Metric("e2e_ms", "ms", "end-to-end request latency", VLLM_CLIENT, _field("e2e_ms")),
+    Metric("interactivity_tok_s_user", "tok/s", "tokens per second per user, 1000 / TPOT",
+           "InferenceX", _interactivity),
+)

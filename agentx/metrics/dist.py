@@ -1,0 +1,34 @@
+"""The one summary of a sample that every report uses (run summary, trace shape, fidelity,
+simulator calibration, live progress), so a `p90` means the same thing everywhere.
+
+Keys: count, mean, std, min, max, p10, p50, p75, p90, p95, p99 (all None when there are no
+values). Percentiles interpolate linearly between order statistics, numpy's default method
+(https://numpy.org/doc/stable/reference/generated/numpy.percentile.html), which is what vLLM's
+`vllm bench serve` reports with (`np.percentile` in vllm/benchmarks/serve.py,
+calculate_metrics); std is the population std (`np.std`, ddof=0, as there).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+PCTS = (10, 50, 75, 90, 95, 99)
+KEYS = ("count", "mean", "std", "min", "max", *(f"p{p}" for p in PCTS))
+
+
+def dist(values: Iterable[float | None]) -> dict:
+    """Summary of `values`; None entries (a metric undefined for some request) are skipped."""
+    a = np.fromiter((v for v in values if v is not None), dtype=float)
+    if a.size == 0:
+        return {"count": 0, **{k: None for k in KEYS[1:]}}
+    q = np.percentile(a, PCTS)
+    return {"count": int(a.size), "mean": float(a.mean()), "std": float(a.std()),
+            "min": float(a.min()), "max": float(a.max()),
+            **{f"p{p}": float(v) for p, v in zip(PCTS, q)}}
+
+
+def percentile(values: Iterable[float | None], p: float) -> float | None:
+    """One percentile by the same rule (for a live display that needs only the median)."""
+    a = np.fromiter((v for v in values if v is not None), dtype=float)
+    return float(np.percentile(a, p)) if a.size else None

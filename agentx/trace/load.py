@@ -18,9 +18,8 @@ from pathlib import Path
 
 import orjson
 
-import agentx
-
 from ..errors import InputError
+from ..shipped import data_dir
 from .model import Trace, TraceSet
 from .mooncake import looks_like_mooncake, parse_mooncake
 from .weka import decode_json, traces_from_json
@@ -35,15 +34,9 @@ _MEMBER_SUFFIXES = {d + c for d in _DATA_SUFFIXES for c in ("", *_COMPRESSED)}
 
 
 def traces_dir() -> Path:
-    """Where built-in traces live: $AGENTX_TRACES_DIR if set; else `agentx/_traces` in an
-    installed wheel (setup.py ships the repo's top-level traces/ there); else <repo>/traces
-    (a source checkout or an editable install, where the package sits in the repo)."""
-    env = os.environ.get(TRACES_DIR_ENV)
-    if env:
-        return Path(env)
-    pkg = Path(agentx.__file__).resolve().parent
-    shipped = pkg / "_traces"
-    return shipped if shipped.is_dir() else pkg.parent / "traces"
+    """Where built-in traces live: $AGENTX_TRACES_DIR, the wheel's agentx/_traces, or the
+    checkout's traces/ (agentx.shipped)."""
+    return data_dir("traces", TRACES_DIR_ENV)
 
 
 def builtin_path(name: str) -> Path:

@@ -8,8 +8,6 @@ secrets). With no base_url it starts the embedded simulator on a free loopback p
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import os
 import platform
 import secrets
 import sys
@@ -21,6 +19,7 @@ import orjson
 
 from . import __version__, aio
 from .client.http import ClientConfig, first_model, make_session
+from .config import RunConfig, default_output_dir
 from .engine.drive import DriveResult, DriveSpec, drive, split_count, split_lanes
 from .engine.lanes import Engine
 from .engine.workers import WorkerPool, auto_workers, merge_records, usable_cores
@@ -28,13 +27,12 @@ from .errors import InputError
 from .metrics.goodput import goodput
 from .metrics.server_metrics import kv_pool
 from .metrics.summary import dist, summarize
+from .outdir import check_output_dir, create_output_dir
 from .prompt.token_model import TokenModel, builtin_model, hf_model
 from .records import read_records
-from .config import RunConfig, default_output_dir
 from .trace.load import load_traces
-from .outdir import check_output_dir, create_output_dir
-from .urls import redact_url, scrub
 from .trace.model import TraceSet
+from .urls import redact_url, scrub
 
 STOP_NOTICE = "\nagentx: stopping — draining in-flight requests (Ctrl-C again to cancel)"
 

@@ -9,7 +9,7 @@ headers, holds the request for `--hold` s (so all lanes are in flight at once: t
 case) and streams a short answer; it samples the client's RSS with psutil. Lanes start
 90-100% into sessions that grow to `--tokens` tokens, so every lane's history is near full
 size from its first request. The sink reports a KV pool on /metrics as vLLM does, which
-bounds the client's model of the server's prefix cache (agentx.engine.cache_model).
+bounds the client's model of the server's prefix cache (agentx.prefix_cache).
 
     python bench/client_rss.py                    # 1024 lanes, 150k tokens, ~2-3 minutes
     python bench/client_rss.py --lanes 128 --duration 20

@@ -4,8 +4,9 @@
 The embedded simulator is the ground truth: `agentx serve-sim --fixed-ttft-ms --fixed-itl-ms
 --truth-log` sends every request's first chunk a fixed time after the request reached it and
 then a chunk every fixed interval, and logs the perf_counter_ns of each request's arrival (its
-first bytes read off the socket, `received_ns`) and of every chunk's hand-over to the socket. perf_counter_ns is CLOCK_MONOTONIC, shared by every
-process on the machine, so the truth and the client's own timestamps are directly comparable.
+first bytes read off the socket, `received_ns`) and of every chunk's hand-over to the socket.
+perf_counter_ns is CLOCK_MONOTONIC, shared by every process on the machine, so the truth and
+the client's own timestamps are directly comparable.
 
 Per concurrency the bench starts the simulator pinned to one core (taskset), runs the client
 pinned to the other, stops the simulator (which flushes the truth log) and matches requests by

@@ -134,7 +134,8 @@ def main() -> int:
                "--max-num-seqs", str(max(1024, n)), "--time-scale", str(args.time_scale)]
         cpu = args.server_cpu
         proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL,
-                                preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if cpu >= 0 else None)
+                                preexec_fn=(lambda c=cpu: os.sched_setaffinity(0, {c})) if cpu >= 0
+                                else None)
         base = f"http://127.0.0.1:{port}"
         try:
             for _ in range(200):

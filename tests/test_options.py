@@ -11,7 +11,7 @@ import typing
 from typing import Any, Literal, get_args, get_origin
 
 import pytest
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
 from agentx.cli import build_parser
 from agentx.config import RunConfig
@@ -147,7 +147,7 @@ def test_unknown_keys_are_errors():
     with pytest.raises(Exception, match="extra|unknown"):
         RunConfig(sim={"spec_kk": 3})
     cfg = RunConfig()
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         cfg.conc = -1  # assignments are validated too
 
 

@@ -25,9 +25,8 @@ from agentx.prompt.words import WORDS
 from agentx.sim.config import SimConfig
 from agentx.sim.embedded import start_in_thread
 from agentx.sim.kvcache import BlockPool
-from helpers import post_stream
-
 from conftest import REAL_TRACES as TRACES
+from helpers import post_stream
 
 
 def chain_keys(keys: list, salt: str) -> list[int]:

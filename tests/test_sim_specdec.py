@@ -10,8 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentx.sim.config import SimConfig
 from agentx.sim.embedded import start_in_thread
-from helpers import post_stream
 from agentx.sim.specdec import rates_from_length
+from helpers import post_stream
 
 
 async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:

@@ -9,13 +9,13 @@ import aiohttp
 import orjson
 import pytest
 
+from agentx.prompt.tokenizer import BuiltinTokenizer
+from agentx.prompt.words import WORDS
 from agentx.sim.calibrate import ANCHORS, Scenario, decode_tpot_ms, simulate
 from agentx.sim.config import SimConfig
 from agentx.sim.embedded import start_in_thread
 from agentx.sim.profile import resolve
 from helpers import post_stream
-from agentx.prompt.tokenizer import BuiltinTokenizer
-from agentx.prompt.words import WORDS
 
 # Per anchor, the deviation we accept (documented with the reason in docs/simulator.md)
 TOLERANCE = {

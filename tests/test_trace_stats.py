@@ -11,7 +11,6 @@ from agentx.trace.model import Subagent, Trace, TraceSet, Turn
 from agentx.trace.stats import lru_hit_rate, session_hits, trace_stats
 
 
-
 def T(n_in: int, ids: list[int], out: int = 5, think: float = 0.0, api: float | None = 1.0
       ) -> Turn:
     return Turn(in_tokens=n_in, out_tokens=out, hash_ids=ids, think_time=think, api_time=api)

@@ -22,7 +22,6 @@ from agentx.prompt.blocks import BlockFactory
 from agentx.prompt.words import WORDS
 from agentx.records import RequestRecord, read_records
 from agentx.run import RunConfig, run
-
 from conftest import REAL_TRACES
 from helpers import write_trace
 

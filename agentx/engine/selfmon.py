@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+
 from ..aio import cancel_and_wait
 
 

@@ -18,9 +18,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
+from agentx.aio import cancel_and_wait
 from agentx.metrics import server_metrics as sm
 from agentx.metrics.prom import SampleKey, Snapshot, parse_metrics
-from agentx.aio import cancel_and_wait
 
 # Short keys for the time series kept in results → (sample name, how engines combine).
 SERIES_KEYS: dict[str, tuple[str, str]] = {

@@ -11,7 +11,13 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from agentx.metrics.prom import Snapshot, chain, counter_delta, counter_delta_by_label, counter_resets
+from agentx.metrics.prom import (
+    Snapshot,
+    chain,
+    counter_delta,
+    counter_delta_by_label,
+    counter_resets,
+)
 
 # vLLM sample names (counters as exposed, with _total).
 PREFIX_HITS = "vllm:prefix_cache_hits_total"

@@ -102,7 +102,8 @@ class SimServer:
                             "is_blocking": False}]}]}))
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.stats.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        return web.Response(body=self.stats.render(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         self.engine.reset_prefix_cache()

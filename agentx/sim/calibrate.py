@@ -15,8 +15,8 @@ import statistics
 import sys
 from dataclasses import dataclass
 
-from .build import build_engine
 from ..metrics.dist import dist
+from .build import build_engine
 from .config import SimConfig
 from .profile import resolve
 from .request import SimRequest

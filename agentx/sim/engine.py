@@ -335,7 +335,7 @@ class Engine:
         spec = self.spec
         stats = self.stats
         finished = []
-        for req, start_tok, n, decode in batch.items:
+        for req, _start_tok, n, decode in batch.items:
             if req.state != RUNNING:
                 continue
             if decode:

@@ -114,7 +114,8 @@ class RequestParser:
         if isinstance(v, bool) or not isinstance(v, int):
             raise BadRequest(P.bad_field(name, "int_type", "Input should be a valid integer", v))
         if v < lo:
-            raise BadRequest(P.bad_field(name, "greater_than_equal", f"Input should be greater than or equal to {lo}", v))
+            raise BadRequest(P.bad_field(name, "greater_than_equal",
+                                         f"Input should be greater than or equal to {lo}", v))
         return v
 
     def new_request(self, body: dict, ids: np.ndarray, rid: str, session: str | None,

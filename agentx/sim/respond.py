@@ -50,7 +50,8 @@ class ResponseWriter:
     def _metrics(self, req: SimRequest) -> dict | None:
         if not self.cfg.per_request_metrics or not req.first_token_ns:
             return None
-        return P.metrics_obj((req.first_token_ns - req.arrival_ns) / 1e6, (req.last_token_ns - req.first_token_ns) / 1e6,
+        return P.metrics_obj((req.first_token_ns - req.arrival_ns) / 1e6,
+                             (req.last_token_ns - req.first_token_ns) / 1e6,
                              ((req.scheduled_ns or req.arrival_ns) - req.arrival_ns) / 1e6, req.num_out)
 
     def _cached(self, req: SimRequest) -> int | None:

@@ -11,8 +11,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import gc_collector, platform_collector, process_collector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    gc_collector,
+    generate_latest,
+    platform_collector,
+    process_collector,
+)
 
 if TYPE_CHECKING:
     from .request import SimRequest
@@ -179,7 +187,8 @@ class EngineStats:
             failed = Counter("vllm:mooncake_store_operation_failed_keys",
                              "Keys that failed in Mooncake store operations.", op_l, registry=r)
             self.mc = {op: (t.labels(operation=op, status="ok", **lv), calls.labels(operation=op, status="ok", **lv),
-                            nbytes.labels(operation=op, status="ok", **lv), keys.labels(operation=op, status="ok", **lv),
+                            nbytes.labels(operation=op, status="ok", **lv),
+                            keys.labels(operation=op, status="ok", **lv),
                             failed.labels(operation=op, status="ok", **lv))
                        for op in ("lookup_exists", "save_put", "load_get")}
         if offload == "simple-cpu":

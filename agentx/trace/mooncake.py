@@ -19,7 +19,6 @@ capture later sessions that share that system prompt (rule b cannot tell them ap
 """
 from __future__ import annotations
 
-
 import orjson
 
 from ..errors import InputError

@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from ..errors import InputError
 from .load import line_in, load_recipe, recipe_names, recipes_dir
 
@@ -37,6 +39,40 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--quiet", action="store_true", help="do not echo the server log")
     s.set_defaults(func=_serve)
 
+    w = sub.add_parser("sweep", help="run every operating point of a recipe at each "
+                       "concurrency, one result directory per cell, then the Pareto report")
+    w.add_argument("recipe", metavar="NAME|PATH", help="recipe name (recipes/NAME.yaml) or file")
+    for flags, kw in _SWEEP_FLAGS:
+        w.add_argument(*flags, **kw)
+    w.set_defaults(func=_sweep)
+
+
+_SWEEP_FLAGS: list[tuple[tuple[str, ...], dict]] = [
+    (("--base-url",), {"metavar": "URL", "help": "use this running server for every point "
+                       "instead of launching one"}),
+    (("--sim",), {"action": "store_true", "help": "serve with the simulator and the recipe's "
+                  "sim_profile (the default when neither a GPU nor vLLM is present)"}),
+    (("--points",), {"type": lambda t: _int_list(t), "metavar": "I,J",
+                     "help": "only these operating points (indices)"}),
+    (("--conc",), {"type": lambda t: _int_list(t), "metavar": "C,D",
+                   "help": "these concurrencies at every point instead of the recipe's lists"}),
+    (("--output-dir", "-o"), {"metavar": "DIR",
+                              "help": "default: results/sweep-<time>-<recipe>"}),
+    (("--resume",), {"action": "store_true",
+                     "help": "skip cells whose summary.json exists (and was not rebuilt)"}),
+    (("--duration",), {"type": float, "metavar": "S",
+                       "help": "seconds per cell, overriding the recipe's run.duration_s"}),
+    (("--warmup",), {"type": float, "metavar": "S",
+                     "help": "warm-up seconds per cell, overriding the recipe's run.warmup_s"}),
+    (("--set",), {"action": "append", "default": [], "metavar": "KEY=VALUE", "dest": "run_set",
+                  "help": "a run option for every cell (a RunConfig field, YAML value), e.g. "
+                  "think_scale=0.1; repeatable"}),
+    (("--sim-time-scale",), {"type": float, "metavar": "F",
+                             "help": "the simulator runs F x faster than real time (tests)"}),
+    (("--timeout",), {"type": float, "metavar": "S", "help": "seconds to wait for /health "
+                      "(default: the recipe's health_timeout_s)"}),
+]
+
 
 def _point_args(p: argparse.ArgumentParser, default_port: int) -> None:
     p.add_argument("recipe", metavar="NAME|PATH", help="recipe name (recipes/NAME.yaml) or file")
@@ -45,6 +81,14 @@ def _point_args(p: argparse.ArgumentParser, default_port: int) -> None:
                    help="concurrency (needed when K depends on it)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=default_port)
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") \
+            from None
 
 
 def _list(ns: argparse.Namespace) -> int:
@@ -106,3 +150,27 @@ def _serve(ns: argparse.Namespace) -> int:
             return 0
         print(f"error: the server exited with code {server.proc.returncode}", file=sys.stderr)
         return 1
+
+
+def _sweep(ns: argparse.Namespace) -> int:
+    from .sweep import SweepOptions, sweep
+
+    recipe, path = load_recipe(ns.recipe)
+    out = Path(ns.output_dir) if ns.output_dir else Path("results") / (
+        f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{recipe.name}")
+    overrides = {k: v for k, v in (("duration_s", ns.duration), ("warmup_s", ns.warmup))
+                 if v is not None}
+    for item in ns.run_set:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise InputError("command line", f"expected KEY=VALUE, got {item!r}", field="--set")
+        overrides[key.strip()] = yaml.safe_load(value)
+    opts = SweepOptions(output_dir=out, base_url=ns.base_url, sim=ns.sim, points=ns.points,
+                        conc=ns.conc, resume=ns.resume, run=overrides,
+                        sim_time_scale=ns.sim_time_scale, health_timeout=ns.timeout)
+    cells = sweep(recipe, path, opts)
+    failed = [c for c in cells if c.status == "failed"]
+    if failed:
+        print(f"agentx sweep: {len(failed)} of {len(cells)} cell(s) failed (see "
+              f"{out / 'sweep.json'})", file=sys.stderr)
+    return 1 if failed else 0

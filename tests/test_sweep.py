@@ -1,0 +1,131 @@
+"""`agentx sweep` against the simulator standing in for the MiniMax-M3 recipes' servers: one
+directory per cell with InferenceX's result fields, runs.csv and the Pareto PNG, --resume,
+and a cell whose server cannot start recorded while the sweep goes on."""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from agentx.recipe.inferencex import inferencex_fields
+from agentx.recipe.load import load_recipe, recipes_dir
+
+# short cells: the simulator 50x real time, think times x0.01, 5 s per cell, 2 s drain
+FAST = ["--sim", "--duration", "5", "--warmup", "0", "--sim-time-scale", "50",
+        "--set", "think_scale=0.01", "--set", "drain_timeout_s=2"]
+IX_KEYS = {"hw", "conc", "image", "model", "framework", "precision", "spec_decoding", "disagg",
+           "scenario_type", "tp", "ep", "dp_attention", "kv_offloading", "kv_offload_backend",
+           "allocated_cpu_dram_gb", "kv_cache_pool_tokens", "request_metrics", "server_metrics",
+           "recipe", "point"}
+
+
+def _sweep(*args: str | Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agentx.cli", "sweep", *map(str, args)],
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def _summary(cell: Path) -> dict:
+    return json.loads((cell / "summary.json").read_text())
+
+
+def _cells(out: Path) -> list[dict]:
+    return json.loads((out / "sweep.json").read_text())["cells"]
+
+
+def _csv(out: Path) -> list[dict]:
+    with open(out / "runs.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_inferencex_fields_from_recipe_and_summary():
+    recipe, _ = load_recipe("minimaxm3-fp4-b300-mtp")
+    point = recipe.points[-1]  # DP attention over 8 ranks, EP 8
+    summary = {"completed": 10, "throughput": {"total_tok_s": 800.0, "output_tok_s": 80.0,
+                                               "input_tok_s": 720.0, "requests_s": 2.0},
+               "cache": {"kv_pool_tokens": None}, "server_metrics": {"kv_pool_tokens": 123456},
+               "config": {"conc": 64}}
+    f = inferencex_fields(recipe, point, 64, summary)
+    assert (f["hw"], f["framework"], f["precision"], f["scenario_type"]) == \
+        ("b300", "vllm", "fp4", "agentic-coding")
+    assert (f["tp"], f["ep"], f["dp_attention"], f["disagg"], f["conc"]) == (1, 8, True, False, 64)
+    assert f["spec_decoding"] == recipe.speculative.method
+    assert f["kv_offloading"] and f["kv_offload_backend"] == "simple-cpu"
+    assert f["kv_cache_pool_tokens"] == 123456  # the server's figure when the run had none
+    assert f["request_metrics"]["throughput"]["per_gpu"]["total_tok_s"] == 100.0
+    assert f["request_metrics"]["completed"] == 10 and "config" not in f["request_metrics"]
+    # no speculative decoding, Mooncake: the recipe's DRAM arithmetic (1234 GB, dram.py example)
+    h200, _ = load_recipe("minimaxm3-fp8-h200")
+    g = inferencex_fields(h200, h200.points[0], 1, summary)
+    assert g["spec_decoding"] == "none" and g["image"] == h200.image
+    assert g["allocated_cpu_dram_gb"] == 1234 and g["kv_offload_backend"] == "mooncake"
+
+
+def test_sweep_h200_against_the_simulator(tmp_path):
+    out = tmp_path / "sweep"
+    proc = _sweep("minimaxm3-fp8-h200", *FAST, "--conc", "1,4", "-o", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "serving with the simulator" in proc.stderr
+    cells = _cells(out)
+    assert [(c["label"], c["conc"], c["status"]) for c in cells] == \
+        [("p0-tp8", 1, "ok"), ("p0-tp8", 4, "ok")]
+    assert {c["reset_prefix_cache"] for c in cells} == {"reset"}
+    for conc in (1, 4):
+        s = _summary(out / "p0-tp8" / f"c{conc}")
+        assert IX_KEYS <= set(s)
+        assert (s["hw"], s["conc"], s["tp"], s["kv_offload_backend"]) == \
+            ("h200", conc, 8, "mooncake")
+        assert s["recipe"] == "minimaxm3-fp8-h200" and s["point"]["name"] == "p0-tp8"
+        assert s["kv_cache_pool_tokens"] > 0 and s["allocated_cpu_dram_gb"] == 1234
+        assert s["config"]["gpus"] == 8 and s["config"]["cache_salt"]
+    assert _summary(out / "p0-tp8" / "c4")["completed"] > 0
+    rows = _csv(out)
+    assert sorted(int(r["conc"]) for r in rows) == [1, 4]
+    assert {r["recipe"] for r in rows} == {"minimaxm3-fp8-h200"}
+    assert (out / "pareto.png").stat().st_size > 1000
+
+
+def test_sweep_b300_points_and_resume(tmp_path):
+    out = tmp_path / "sweep"
+    proc = _sweep("minimaxm3-fp4-b300", *FAST, "--points", "0,3", "--conc", "2", "-o", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    p0, p3 = out / "p0-tp4" / "c2", out / "p3-tp1-dp8-ep" / "c2"
+    s3 = _summary(p3)
+    assert (s3["tp"], s3["ep"], s3["dp_attention"], s3["kv_offload_backend"]) == \
+        (1, 8, True, "simple-cpu")
+    assert s3["kv_offloading"] and s3["spec_decoding"] == "none"
+    assert _summary(p0)["request_metrics"]["throughput"]["per_gpu"]
+    before = {d: (d / "summary.json").stat().st_mtime_ns for d in (p0, p3)}
+
+    proc = _sweep("minimaxm3-fp4-b300", *FAST, "--points", "0", "--conc", "2,4", "-o", out,
+                  "--resume")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [(c["conc"], c["status"]) for c in _cells(out)] == [(2, "skipped"), (4, "ok")]
+    assert (p0 / "summary.json").stat().st_mtime_ns == before[p0]  # not run again
+    assert _summary(out / "p0-tp4" / "c4")["conc"] == 4
+    # the report covers this invocation's cells
+    assert sorted(int(r["conc"]) for r in _csv(out)) == [2, 4]
+
+
+def test_failed_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
+    data = yaml.safe_load((recipes_dir() / "minimaxm3-fp8-h200.yaml").read_text())
+    # MiniMax-M3 FP8 does not fit one H200: the simulator refuses to start at tp 1
+    data["points"] = [{"name": "too-small", "tp": 1, "kv_offload": "none", "conc": [2, 4]},
+                      {"name": "fits", "tp": 8, "conc": [2]}]
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = tmp_path / "sweep"
+    proc = _sweep(path, *FAST, "-o", out)
+    assert proc.returncode == 1
+    assert "2 of 3 cell(s) failed" in proc.stderr
+    cells = _cells(out)
+    assert [(c["label"], c["conc"], c["status"]) for c in cells] == \
+        [("too-small", 2, "failed"), ("too-small", 4, "failed"), ("fits", 2, "ok")]
+    assert "weights do not fit" in cells[0]["error"]
+    assert "did not start" in cells[1]["error"]  # not launched again for the same point
+    assert [r["point"] for r in _csv(out)] == ["fits"]
+    again = _sweep(path, *FAST, "-o", out)  # an existing sweep needs --resume
+    assert again.returncode == 2 and "--resume" in again.stderr

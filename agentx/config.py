@@ -28,7 +28,9 @@ class RunConfig(StrictModel):
     conc: int = opt(8, "concurrent session lanes", group=WORKLOAD, ge=1, le=65536)
     duration_s: float | None = opt(60.0, "seconds before no new request starts (0 = no limit)",
                                    flag="duration", group=WORKLOAD, ge=0.0)
-    max_requests: int | None = opt(None, "stop after N requests started", group=WORKLOAD, ge=1)
+    max_requests: int | None = opt(None, "stop after N requests in all, split evenly over the "
+                                   "lanes (so every run sends the same requests)",
+                                   group=WORKLOAD, ge=1)
     warmup_s: float = opt(0.0, "seconds at the start whose requests are flagged warm-up and "
                           "excluded", flag="warmup", group=WORKLOAD, ge=0.0)
     seed: int = opt(0, "schedule seed", group=WORKLOAD)

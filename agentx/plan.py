@@ -34,3 +34,15 @@ class Planner:
         hi = max(lo, int(self.start_max * turns))
         start = rng.randint(lo, hi) if turns > 1 else 0
         return SessionPick(trace, min(start, max(0, turns - 1)), f"L{lane}.{n}")
+
+
+def split_count(n: int | None, shares: list[int]) -> list[int | None]:
+    """Split a request budget proportionally to `shares` (workers' lane counts, or one per
+    lane): fixed shares keep the set of requests sent independent of timing."""
+    if n is None:
+        return [None] * len(shares)
+    total = sum(shares)
+    out = [n * s // total for s in shares]
+    for i in range(n - sum(out)):
+        out[i % len(out)] += 1
+    return out

@@ -20,7 +20,7 @@ import orjson
 from . import __version__, aio
 from .client.http import ClientConfig, first_model, make_session
 from .config import RunConfig, default_output_dir
-from .engine.drive import DriveResult, DriveSpec, drive, split_count, split_lanes
+from .engine.drive import DriveResult, DriveSpec, drive, split_lanes
 from .engine.lanes import Engine
 from .engine.workers import WorkerPool, auto_workers, merge_records, usable_cores
 from .errors import InputError
@@ -28,6 +28,7 @@ from .metrics.goodput import goodput
 from .metrics.server_metrics import kv_pool
 from .metrics.summary import dist, summarize
 from .outdir import check_output_dir, create_output_dir
+from .plan import split_count
 from .prompt.token_model import TokenModel, builtin_model, hf_model
 from .records import read_records
 from .trace.load import load_traces

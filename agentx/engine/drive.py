@@ -138,14 +138,3 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
 def split_lanes(conc: int, workers: int) -> list[list[int]]:
     """Round-robin lanes over workers (lane ids stay global, so schedules do not change)."""
     return [list(range(w, conc, workers)) for w in range(workers)]
-
-
-def split_count(n: int | None, shares: list[int]) -> list[int | None]:
-    """Split a request budget proportionally to each worker's lanes."""
-    if n is None:
-        return [None] * len(shares)
-    total = sum(shares)
-    out = [n * s // total for s in shares]
-    for i in range(n - sum(out)):
-        out[i % len(out)] += 1
-    return out

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol
 
 from ..client.facts import StreamFacts
-from ..plan import Planner
+from ..plan import Planner, split_count
 from ..prefix_cache import PrefixCache
 from ..prompt.synth import Conversation, PreparedTurn, SynthConfig
 from ..prompt.token_model import TokenModel
@@ -78,6 +78,10 @@ class LiveStats:
             del self.recent_tpot_ms[:-512]
 
 
+class _LaneDone(Exception):
+    """This lane has started its share of --max-requests."""
+
+
 class Engine:
     def __init__(self, planner: Planner, synth: SynthConfig, token_model: TokenModel,
                  sender: Sender, cfg: EngineConfig,
@@ -91,6 +95,7 @@ class Engine:
         self._forced = False
         self._inflight: dict[str, asyncio.Task] = {}
         self._req_seq = 0
+        self._budget: dict[int, int] | None = None  # lane -> requests it may still start
         self.t_start_ns = 0
         self.t_end_ns = 0
         self.warmup_end_ns = 0
@@ -125,6 +130,9 @@ class Engine:
             await asyncio.sleep((t0_ns - perf_ns()) / 1e9)
         self.t_start_ns = t0_ns if t0_ns is not None else perf_ns()
         self.warmup_end_ns = self.t_start_ns + int(cfg.warmup_s * 1e9)
+        if cfg.max_requests is not None:
+            # each lane gets a fixed share, so which requests run never depends on timing
+            self._budget = dict(zip(lanes, split_count(cfg.max_requests, [1] * len(lanes))))
         tasks = [asyncio.create_task(self._lane(lane), name=f"lane-{lane}") for lane in lanes]
         timer = None
         if cfg.duration_s:
@@ -158,6 +166,10 @@ class Engine:
                                                  self.stats.sessions_active)
             try:
                 await self._session(lane, pick.trace, pick.instance, pick.start_turn, "")
+            except _LaneDone:
+                if not any(self._budget.values()):
+                    self._end("max_requests")
+                return
             except Exception as exc:  # a bug must not silently leave the run a lane short
                 self._end(f"error: lane {lane} ({pick.trace.id}): {type(exc).__name__}: {exc}")
                 raise
@@ -207,9 +219,10 @@ class Engine:
         """Send one turn; `warm` says this conversation already sent a request (so the
         trace's prefix hit applies to it; the first request of a replay finds a cold cache)."""
         cfg = self.cfg
-        if cfg.max_requests is not None and self.stats.started >= cfg.max_requests:
-            self._end("max_requests")
-            return
+        if self._budget is not None:
+            if self._budget[lane] <= 0:
+                raise _LaneDone
+            self._budget[lane] -= 1
         intended = perf_ns()
         prepared = conv.next_turn(step, turn_no)
         # the server holds the prompt's blocks from now until the response ends
@@ -260,5 +273,3 @@ class Engine:
             if asyncio.iscoroutine(res):
                 await res
         conv.answered(rec.osl or max_tokens, live_text)
-        if cfg.max_requests is not None and self.stats.started >= cfg.max_requests:
-            self._end("max_requests")

@@ -52,7 +52,10 @@ async def test_stall_mid_stream(sim):
     assert res.done and res.chunks[-1]["usage"]["completion_tokens"] == 40
     times = [t for t, _ in res.token_chunks()]
     gaps = [(b - a) / 1e9 for a, b in zip(times, times[1:])]
-    assert max(gaps) >= STALL_S and sorted(gaps)[-2] < STALL_S / 2  # one long freeze, not a slow stream
+    # one long freeze, not a slow stream. The gaps are client-side arrival stamps: the chunk
+    # before the freeze can be read a little late, so the freeze shows up to ~1% short of
+    # the server's STALL_S (0.399 s seen under load); the other gaps stay far below it.
+    assert max(gaps) >= 0.95 * STALL_S and sorted(gaps)[-2] < STALL_S / 2
 
 
 async def test_malformed_chunk(sim):

@@ -90,7 +90,9 @@ async def test_served_timing_is_real_time(tmp_path):
 async def test_preemption_when_kv_pool_runs_out(tmp_path):
     # 8 requests of ~600 + 400 tokens need ~8000 KV tokens; the pool holds 4,096
     log = tmp_path / "truth.jsonl"
-    cfg = SimConfig(profile="cpu-tiny", time_scale=200, kv_pool_tokens=4096, block_size=16, truth_log=str(log))
+    # time_scale 10, not faster: all 8 requests must overlap even when a loaded machine spreads
+    # their arrivals over tens of ms (at 200x a request finished in a few ms and none was preempted)
+    cfg = SimConfig(profile="cpu-tiny", time_scale=10, kv_pool_tokens=4096, block_size=16, truth_log=str(log))
     body = {"max_tokens": 400, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     with start_in_thread(cfg) as sim:

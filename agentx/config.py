@@ -22,6 +22,26 @@ WORKLOAD, TARGET, SYNTH, OUTPUT = ("workload", "target", "prompt synthesis",
 SLO = Annotated[dict[str, float], BeforeValidator(slo_option)]
 
 
+def _seconds_or_auto(v: object) -> object:
+    """'auto' or seconds >= 0, one plain message for anything else (no union jargon)."""
+    if v == "auto" or v is None:
+        return v
+    try:
+        x = float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError("must be seconds >= 0 or auto") from None
+    if not x >= 0:
+        raise ValueError("must be seconds >= 0 or auto")
+    return x
+
+
+SecondsOrAuto = Annotated[float | Literal["auto"], BeforeValidator(_seconds_or_auto)]
+SecondsOrAutoOrNone = Annotated[float | Literal["auto"] | None, BeforeValidator(_seconds_or_auto)]
+AUTO_FROM_LANES = 64  # --warmup / --ramp-up auto act from this many lanes (docs/scale-out.md)
+RAMP_LANES_PER_S = 8.0
+RAMP_MAX_S = 30.0
+
+
 class RunConfig(StrictModel):
     # --- workload ---
     trace: str = opt("swe", "built-in name (swe) or path", group=WORKLOAD, min_length=1)
@@ -31,8 +51,19 @@ class RunConfig(StrictModel):
     max_requests: int | None = opt(None, "stop after N requests in all, split evenly over the "
                                    "lanes (so every run sends the same requests)",
                                    group=WORKLOAD, ge=1)
-    warmup_s: float = opt(0.0, "seconds at the start whose requests are flagged warm-up and "
-                          "excluded", flag="warmup", group=WORKLOAD, ge=0.0)
+    warmup_s: SecondsOrAutoOrNone = opt(
+        None, "requests sent in the warm-up are flagged and excluded from the statistics. "
+        "SECONDS: a fixed warm-up, inside --duration; auto: the warm-up ends when every lane "
+        "has finished its first request and --duration counts from there (the run lasts "
+        "warm-up + duration; if the warm-up outlasts ramp-up + duration the run stops there, "
+        "marked steady_state false). Default: auto from 64 lanes (their cold first prompts "
+        "queue at the server and would be measured as start-up), else 0",
+        flag="warmup", group=WORKLOAD)
+    ramp_up_s: SecondsOrAuto = opt(
+        "auto", "spread lane starts evenly over this many seconds (lane i starts at i x "
+        "ramp / conc, deterministic). auto: 0 below 64 lanes, else conc / 8 s up to 30 s, "
+        "so the server meets 8 new sessions a second instead of every cold first prompt at "
+        "one instant", flag="ramp_up", group=WORKLOAD)
     seed: int = opt(0, "schedule seed", group=WORKLOAD)
     think_scale: float = opt(1.0, "multiply trace think times", group=WORKLOAD, ge=0.0)
     max_think_s: float = opt(300.0, "cap one think time (s)", flag="max_think", group=WORKLOAD,
@@ -126,6 +157,19 @@ class RunConfig(StrictModel):
         if isinstance(self.workers, int) and self.workers < 1:
             raise FieldError("workers", "must be >= 1 or auto")
         return self
+
+    def warmup_auto(self) -> bool:
+        """The warm-up ends when every lane has finished its first request."""
+        return self.warmup_s == "auto" or (self.warmup_s is None and self.conc >= AUTO_FROM_LANES)
+
+    def warmup_fixed_s(self) -> float:
+        return self.warmup_s if isinstance(self.warmup_s, float) else 0.0
+
+    def ramp_up(self) -> float:
+        """Seconds over which lane starts are spread (auto: 8 lanes a second from 64 lanes)."""
+        if self.ramp_up_s != "auto":
+            return float(self.ramp_up_s)
+        return 0.0 if self.conc < AUTO_FROM_LANES else min(RAMP_MAX_S, self.conc / RAMP_LANES_PER_S)
 
     def public(self) -> dict:
         """The config as recorded in results: everything to rerun, no secrets."""

@@ -27,6 +27,7 @@ from .errors import InputError
 from .metrics.goodput import goodput
 from .metrics.server_metrics import kv_pool
 from .metrics.summary import dist, summarize
+from .metrics.window import Window, measurement_window, server_throughput
 from .outdir import check_output_dir, create_output_dir
 from .plan import split_count
 from .prompt.token_model import TokenModel, builtin_model, hf_model
@@ -99,6 +100,7 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) ->
                        else None, worker=w)
              for w in range(n_workers)]
     t_wall0 = time.time()
+    results: list[DriveResult] = []
     try:
         if not pooled:
             results = [await _drive_here(cfg, specs[0], tm, traces)]
@@ -108,7 +110,10 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) ->
         if scraper:
             await scraper.stop()
         if pooled:
-            merge_records([s.records_path for s in specs], str(requests_path))
+            # workers end their warm-ups apart: the run's is the last (auto warm-up only)
+            merge_records([s.records_path for s in specs], str(requests_path),
+                          warm_until_ns=max(x.warmup_end_ns for x in results)
+                          if results and cfg.warmup_auto() else None)
     records = read_records(requests_path)
     summary = _summary(cfg, results, n_workers, records, scraper, token_info, ccfg,
                        max_model_len, base_url, embedded, t_wall0)
@@ -231,13 +236,15 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
              scraper: Any, token_info: dict, ccfg: ClientConfig, max_model_len: int | None,
              base_url: str, embedded: bool, t_wall0: float) -> dict:
     # measurement window: from the end of warm-up to the last measured completion
-    meas_ends = [r["end_ns"] for r in records if r["ok"] and not r["warmup"]]
-    t0 = max(min(x.t_start_ns for x in results), min(x.warmup_end_ns for x in results))
-    t_end = max(meas_ends) if meas_ends else max(x.t_end_ns for x in results)
+    win = _window(results, records)
     server_metrics = scraper.compute(ccfg.model) if scraper else None
     sm = server_metrics or {}
-    s = summarize(records, window_s=(t_end - t0) / 1e9, gpus=cfg.gpus,
+    s = summarize(records, window_s=win.seconds, gpus=cfg.gpus,
                   block_size=sm.get("kv_block_size"), kv_pool_tokens=sm.get("kv_pool_tokens"))
+    s["throughput"].update(server_throughput(server_metrics))
+    s["window"] = win.block("auto" if cfg.warmup_auto() else cfg.warmup_fixed_s(), cfg.ramp_up(),
+                            cfg.conc)
+    s["steady_state"] = win.steady_state
     if cfg.slo:
         s["goodput"] = goodput(records, cfg.slo, s["throughput"]["window_s"])
     cpu = [x.cpu_util for x in results if x.cpu_util is not None]
@@ -269,6 +276,12 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
     if cfg.validation != "off":
         s["validation"] = _validate(cfg, s)
     return s
+
+
+def _window(results: list[DriveResult], records: list[dict]) -> Window:
+    return measurement_window([x.t_start_ns for x in results], [x.warmup_end_ns for x in results],
+                              [x.first_done_ns for x in results], [x.t_end_ns for x in results],
+                              [r["end_ns"] for r in records if r["ok"] and not r["warmup"]])
 
 
 def max_overlap(intervals: list[tuple[int, int]]) -> int:

@@ -59,6 +59,7 @@ class DriveResult:
     host: str = ""
     runqueue_wait_ms_per_s: float | None = None  # ready but another process had the core
     cache_evictions: int = 0  # blocks the pool-sized cache model evicted (working set > pool)
+    first_done_ns: int = 0  # every lane here had finished its first request (0: never)
 
 
 def large_allocations_to_os(threshold: int = 256 * 1024) -> bool:
@@ -104,7 +105,8 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
                         max_prompt_tokens=(spec.max_model_len - 16) if spec.max_model_len
                         else None)
     ecfg = EngineConfig(conc=r.conc, lanes=spec.lanes, duration_s=r.duration_s,
-                        max_requests=spec.max_requests, warmup_s=r.warmup_s,
+                        max_requests=spec.max_requests, warmup_s=r.warmup_fixed_s(),
+                        warmup_auto=r.warmup_auto(), ramp_up_s=r.ramp_up(),
                         think_scale=r.think_scale, max_think_s=r.max_think_s,
                         drain_timeout_s=r.drain_timeout_s, max_model_len=spec.max_model_len)
     writer = RecordWriter(spec.records_path)
@@ -132,7 +134,7 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
     return DriveResult(spec.worker, engine.t_start_ns, engine.t_end_ns, engine.warmup_end_ns,
                        engine.stop_reason, st.max_sessions_active,
                        lag.lags_ms, lag.cpu_util, socket.gethostname(), lag.runqueue_wait_ms_per_s,
-                       cache_model.evictions)
+                       cache_model.evictions, engine.first_done_ns)
 
 
 def split_lanes(conc: int, workers: int) -> list[list[int]]:

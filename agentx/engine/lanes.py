@@ -7,6 +7,10 @@ the child session inside the lane; the parent continues when it has finished. Wh
 session ends the lane picks a new one. Only N lanes exist, so at most N sessions are in
 progress and at most N requests are in flight.
 
+Start-up: lane i starts at i x --ramp-up / conc. Warm-up: requests sent before the warm-up
+ends are flagged (and the primes always): after --warmup seconds, or with --warmup auto when
+every lane's first request has ended (`first_done_ns`), --duration then counting from there.
+
 Stopping: at --duration or --max-requests no new request starts; in-flight requests finish
 within --drain-timeout, the rest are cancelled and recorded as `cancelled`. From outside (a
 signal, the parent of a worker process, a Ray driver) the one way in is `request_stop()`:
@@ -29,6 +33,7 @@ from ..records import RequestRecord, assemble
 from ..trace.model import Subagent, Trace, Turn
 
 perf_ns = time.perf_counter_ns
+NEVER = 1 << 62  # an auto warm-up's end until it is known (no request is sent that late)
 
 
 @dataclass
@@ -38,6 +43,8 @@ class EngineConfig:
     duration_s: float | None = 60.0
     max_requests: int | None = None
     warmup_s: float = 0.0
+    warmup_auto: bool = False  # the warm-up ends when every lane has finished its first request
+    ramp_up_s: float = 0.0  # lane i starts at i * ramp_up_s / conc (global lane ids)
     think_scale: float = 1.0
     max_think_s: float = 300.0
     drain_timeout_s: float = 30.0
@@ -99,6 +106,9 @@ class Engine:
         self.t_start_ns = 0
         self.t_end_ns = 0
         self.warmup_end_ns = 0
+        self.first_done_ns = 0  # when every lane here had finished its first request (0: never)
+        self._first_pending: set[int] = set()
+        self._timer: asyncio.TimerHandle | None = None
         self.stop_reason = ""
 
     # -- control ----------------------------------------------------------------------------
@@ -129,15 +139,16 @@ class Engine:
         if t0_ns is not None and t0_ns > perf_ns():
             await asyncio.sleep((t0_ns - perf_ns()) / 1e9)
         self.t_start_ns = t0_ns if t0_ns is not None else perf_ns()
-        self.warmup_end_ns = self.t_start_ns + int(cfg.warmup_s * 1e9)
+        # auto: unknown until every lane's first request has ended (_first_ended)
+        self.warmup_end_ns = NEVER if cfg.warmup_auto else self.t_start_ns + int(cfg.warmup_s * 1e9)
+        self._first_pending = set(lanes)
         if cfg.max_requests is not None:
             # each lane gets a fixed share, so which requests run never depends on timing
             self._budget = dict(zip(lanes, split_count(cfg.max_requests, [1] * len(lanes))))
         tasks = [asyncio.create_task(self._lane(lane), name=f"lane-{lane}") for lane in lanes]
-        timer = None
-        if cfg.duration_s:
-            left = cfg.duration_s - (perf_ns() - self.t_start_ns) / 1e9
-            timer = asyncio.get_running_loop().call_later(max(0.0, left), self._end, "duration")
+        if cfg.duration_s:  # auto warm-up: a run that never gets there stops after ramp + duration
+            self._arm(cfg.duration_s + (cfg.ramp_up_s if cfg.warmup_auto else 0.0)
+                      - (perf_ns() - self.t_start_ns) / 1e9)
         await self._stop.wait()
         # no new requests from here; lanes sleeping in think time stop at once
         pending = [t for t in self._inflight.values() if not t.done()]
@@ -145,9 +156,32 @@ class Engine:
             await asyncio.wait(pending, timeout=cfg.drain_timeout_s)
         self._cancel_inflight()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if timer:
-            timer.cancel()
+        if self._timer:
+            self._timer.cancel()
         self.t_end_ns = perf_ns()
+        self.warmup_end_ns = min(self.warmup_end_ns, self.t_end_ns)
+
+    def _arm(self, seconds: float) -> None:
+        """(Re)start the --duration timer: `seconds` from now the run stops."""
+        if self._timer:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, seconds), self._end,
+                                                            "duration")
+
+    def _first_ended(self, lane: int) -> None:
+        """`lane`'s first request has ended (or the lane ended without one). When it is the
+        last lane to get there, the start-up is over: an auto warm-up ends now and --duration
+        counts from here."""
+        if lane not in self._first_pending:
+            return
+        self._first_pending.discard(lane)
+        if self._first_pending or self.stopping:
+            return
+        self.first_done_ns = perf_ns()
+        if self.cfg.warmup_auto:
+            self.warmup_end_ns = self.first_done_ns
+            if self.cfg.duration_s:
+                self._arm(self.cfg.duration_s)
 
     def _cancel_inflight(self) -> None:
         """Cancel requests still running (recorded as `cancelled`)."""
@@ -157,6 +191,16 @@ class Engine:
 
     # -- lanes and sessions -----------------------------------------------------------------
     async def _lane(self, lane: int) -> None:
+        try:
+            await self._lane_sessions(lane)
+        finally:
+            self._first_ended(lane)  # a lane that sent nothing holds up no one
+
+    async def _lane_sessions(self, lane: int) -> None:
+        cfg = self.cfg
+        if cfg.ramp_up_s:  # evenly spread, by global lane id: the same with any --workers
+            start = self.t_start_ns + int(lane * cfg.ramp_up_s / cfg.conc * 1e9)
+            await self._pause((start - perf_ns()) / 1e9)
         n = 0
         while not self.stopping:
             pick = self.planner.pick(lane, n)
@@ -207,7 +251,10 @@ class Engine:
         await self._session(lane, step.trace, child, 0, step.agent_id)
 
     async def _think(self, think_s: float) -> None:
-        delay = min(think_s * self.cfg.think_scale, self.cfg.max_think_s)
+        await self._pause(min(think_s * self.cfg.think_scale, self.cfg.max_think_s))
+
+    async def _pause(self, delay: float) -> None:
+        """Sleep `delay` s, or less if the run stops meanwhile."""
         if delay > 0:
             try:
                 await asyncio.wait_for(self._stop.wait(), timeout=delay)
@@ -269,6 +316,7 @@ class Engine:
             self._inflight.pop(rid, None)
             self.stats.in_flight -= 1
             self.stats.note(rec)
+            self._first_ended(lane)
             res = self.on_record(rec)
             if asyncio.iscoroutine(res):
                 await res

@@ -230,6 +230,7 @@ class RayPool:
                     r.t_start_ns -= d
                     r.t_end_ns -= d
                     r.warmup_end_ns -= d
+                    r.first_done_ns -= d if r.first_done_ns else 0
                     recs = b"".join(shift_record_line(ln, -d) for ln in recs.splitlines()
                                     if ln.strip())
                 with open(s.records_path, "wb") as f:

@@ -145,16 +145,21 @@ class WorkerPool:
         return [self.results[k] for k in sorted(self.results)]
 
 
-def merge_records(parts: list[str], dest: str) -> int:
-    """Merge worker record files into one, ordered by request start; remove the parts."""
+def merge_records(parts: list[str], dest: str, warm_until_ns: int | None = None) -> int:
+    """Merge worker record files into one, ordered by request start; remove the parts.
+    Requests sent before `warm_until_ns` (the run's warm-up end, when it is the last of the
+    workers' own) are flagged warm-up, as one process would have flagged them."""
     rows = []
     for part in parts:
         if os.path.exists(part):
             with open(part, "rb") as f:
-                rows.extend(line for line in f if line.strip())
-    rows.sort(key=lambda line: orjson.loads(line)["start_ns"])
+                rows.extend(orjson.loads(line) for line in f if line.strip())
+    rows.sort(key=lambda r: r["start_ns"])
+    for r in rows:
+        if warm_until_ns and not r["warmup"] and r["intended_send_ns"] < warm_until_ns:
+            r["warmup"] = True
     with open(dest, "wb") as f:
-        f.writelines(rows)
+        f.writelines(orjson.dumps(r) + b"\n" for r in rows)
     for part in parts:
         with contextlib.suppress(FileNotFoundError):
             os.remove(part)

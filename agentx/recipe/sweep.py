@@ -193,8 +193,8 @@ def cell_config(recipe: Recipe, cell: Cell, opts: SweepOptions, base_url: str,
         cfg = RunConfig.model_validate(data)
     except ValidationError as err:
         raise input_error(err, f"run options of cell {cell.label}/c{cell.conc}") from None
-    if cfg.duration_s and cfg.warmup_s >= cfg.duration_s:
-        raise InputError("run options", f"warm-up {cfg.warmup_s:g} s >= duration "
+    if cfg.duration_s and cfg.warmup_fixed_s() >= cfg.duration_s:  # auto: duration follows
+        raise InputError("run options", f"warm-up {cfg.warmup_fixed_s():g} s >= duration "
                          f"{cfg.duration_s:g} s: no request would be measured (give --warmup)",
                          field="warmup_s")
     return cfg

@@ -4,6 +4,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from ..metrics.window import not_steady_note
+
 
 def _f(v: float | None, nd: int = 1) -> str:
     return "-" if v is None else f"{v:,.{nd}f}"
@@ -33,6 +35,7 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         (f"prefix cache: achieved {_pct(cache['achieved_hit_rate'])}, "
          f"trace-theoretical {_pct(cache['theoretical_hit_rate'])}"),
     ]
+    lines[2:2] = window_lines(summary)
     gp = summary.get("goodput")
     if gp:
         slo = ", ".join(f"{k} <= {v:g} ms" for k, v in gp["slo_ms"].items())
@@ -60,6 +63,26 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
             " — " + "; ".join(v["reasons"]) if v.get("reasons") else ""))
     for ln in lines:
         console.print(ln)
+
+
+def window_lines(summary: dict) -> list[str]:
+    """Where the measurement window sat, the server's throughput over the whole run, and a
+    plain warning when the window did not see the steady state."""
+    win, th = summary.get("window"), summary["throughput"]
+    out = []
+    if win:
+        wu = "auto" if win["warmup"] == "auto" else f"{win['warmup']:g} s"
+        out.append(f"window: +{_f(win['start_s'])} to +{_f(win['end_s'])} s (warm-up {wu}, "
+                   f"ramp-up {win['ramp_up_s']:g} s); steady state: "
+                   f"{'yes' if win['steady_state'] else 'NO'}")
+    if th.get("server_total_tok_s") is not None:
+        out.append(f"server (/metrics, whole run incl. start-up): {_f(th['server_total_tok_s'])} "
+                   f"tok/s total, {_f(th['server_output_tok_s'])} output tok/s over "
+                   f"{_f(th['server_window_s'])} s")
+    note = not_steady_note(win) if win else None
+    if note:
+        out.append(note)
+    return out
 
 
 def _pct(v: float | None) -> str:

@@ -1,0 +1,142 @@
+"""Ramp-up, the auto warm-up and the steady-state flag, end to end against the embedded
+simulator over real HTTP (records and summary.json as written, the console as printed).
+
+Definitions under test (docs/metrics.md#measurement-window-and-steady-state):
+- lane i's first request is dispatched i x ramp / conc after the run's start;
+- with --warmup auto the warm-up ends at W, the instant the engine sees the last lane's first
+  request end; a request is warm-up iff it is a lane's prime or was dispatched before W;
+- --duration then counts from W; a run whose warm-up outlasts ramp-up + duration stops
+  there and says steady_state false.
+"""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from agentx.config import RunConfig
+from agentx.errors import InputError
+from agentx.options import build, flag_namer
+from agentx.records import read_records
+from agentx.report.console import print_summary
+from agentx.run import run
+from helpers import write_trace
+
+FAST = {"profile": "cpu-tiny", "time_scale": 20.0}
+
+
+def _cfg(tmp_path: Path, **kw) -> RunConfig:
+    trace = write_trace(tmp_path / "tr", think=0.5)
+    base = dict(trace=str(trace), conc=4, duration_s=2.0, seed=1, think_scale=0.1,
+                output_dir=str(tmp_path / "out"), progress=False, scrape_interval_s=1.0,
+                drain_timeout_s=10.0, sim=dict(FAST))
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def _firsts(recs: list[dict]) -> dict[int, dict]:
+    out: dict[int, dict] = {}
+    for r in sorted(recs, key=lambda r: r["intended_send_ns"]):
+        out.setdefault(r["lane"], r)
+    return out
+
+
+def _console(s: dict) -> str:
+    buf = io.StringIO()
+    print_summary(s, Console(file=buf, width=200))
+    return buf.getvalue()
+
+
+def test_ramp_up_spreads_first_requests_and_auto_warmup_flags_exactly(tmp_path):
+    conc, ramp = 8, 2.0
+    s = run(_cfg(tmp_path, conc=conc, ramp_up_s=ramp, warmup_s="auto"))
+    recs = read_records(tmp_path / "out" / "requests.jsonl")
+    firsts = _firsts(recs)
+    assert sorted(firsts) == list(range(conc))
+    t0 = firsts[0]["intended_send_ns"]
+    offsets = [(firsts[i]["intended_send_ns"] - t0) / 1e9 for i in range(conc)]
+    # lane i at i x ramp / conc: in lane order, and spanning (conc-1)/conc of the ramp
+    assert offsets == sorted(offsets)
+    span = ramp * (conc - 1) / conc
+    assert span - 0.05 <= offsets[-1] <= span + 0.5
+    gaps = [b - a for a, b in zip(offsets, offsets[1:])]
+    assert min(gaps) >= 0.8 * ramp / conc
+    # every lane's first request is its prime: warm-up, whatever its timing
+    assert all(r["kind"] == "prime" and r["warmup"] for r in firsts.values())
+
+    win = s["window"]
+    assert s["steady_state"] is True and win["warmup"] == "auto" and win["ramp_up_s"] == ramp
+    w = win["start_ns"]
+    last_first_end = max(r["end_ns"] for r in firsts.values())
+    # W: when the engine saw the last first request end, just after its last byte
+    assert last_first_end <= w < last_first_end + int(0.2e9)
+    assert win["all_lanes_first_done_s"] == win["start_s"] >= span
+    # exactly the requests dispatched before W (and the primes) are warm-up
+    for r in recs:
+        assert r["warmup"] == (r["kind"] == "prime" or r["intended_send_ns"] < w), r
+    early = [r for r in recs if r["kind"] != "prime" and r["intended_send_ns"] < w]
+    late = [r for r in recs if r["kind"] != "prime" and r["intended_send_ns"] >= w]
+    assert early and late  # the fast lanes went on during the ramp; measured ones follow
+    assert s["completed"] == sum(1 for r in late if r["ok"])
+    assert s["warmup_requests"] == sum(r["warmup"] for r in recs)
+
+
+def test_duration_counts_from_the_end_of_the_auto_warmup(tmp_path):
+    ramp, duration = 1.5, 2.0
+    s = run(_cfg(tmp_path, conc=4, ramp_up_s=ramp, warmup_s="auto", duration_s=duration))
+    recs = read_records(tmp_path / "out" / "requests.jsonl")
+    win = s["window"]
+    assert s["steady_state"] and s["stop_reason"] == "duration"
+    t0 = _firsts(recs)[0]["intended_send_ns"]
+    last_sent = max(r["intended_send_ns"] for r in recs)
+    # the last request was dispatched within --duration after W, not after the run's start
+    after_w = (last_sent - win["start_ns"]) / 1e9
+    assert duration - 0.6 <= after_w <= duration + 0.05
+    assert (last_sent - t0) / 1e9 > duration + 0.8 * ramp * 3 / 4
+    # the window's own throughput is over [W, last measured completion]
+    assert win["end_s"] - win["start_s"] == pytest.approx(s["throughput"]["window_s"], abs=1e-6)
+    # the server's throughput over the whole run is reported next to it (from /metrics)
+    th = s["throughput"]
+    assert th["server_total_tok_s"] > 0 and th["server_window_s"] > th["window_s"]
+    out = _console(s)
+    assert "steady state: yes" in out and "server (/metrics, whole run" in out
+
+
+def test_run_too_short_for_the_start_up_says_so(tmp_path):
+    # every first request takes 3 s (fixed TTFT); ramp-up + duration is 0.5 s
+    sim = {**FAST, "time_scale": 1.0, "fixed_ttft_ms": 3000.0, "fixed_itl_ms": 1.0}
+    s = run(_cfg(tmp_path, conc=3, ramp_up_s=0, warmup_s="auto", duration_s=0.5, sim=sim))
+    recs = read_records(tmp_path / "out" / "requests.jsonl")
+    assert s["steady_state"] is False
+    assert s["window"]["all_lanes_first_done_s"] is None
+    assert s["completed"] == 0 and all(r["warmup"] for r in recs)
+    assert len(recs) == 3 and all(r["ok"] for r in recs)  # drained, not cut off
+    assert s["throughput"]["server_total_tok_s"] > 0  # the server did work all the same
+    assert "run ended before every lane finished its first request: the window measured " \
+           "start-up" in _console(s)
+
+
+def test_fixed_warmup_before_start_up_ended_is_not_steady(tmp_path):
+    sim = {**FAST, "time_scale": 1.0, "fixed_ttft_ms": 400.0, "fixed_itl_ms": 1.0}
+    s = run(_cfg(tmp_path, conc=2, ramp_up_s=0, warmup_s=0, duration_s=1.5, sim=sim))
+    win = s["window"]
+    assert s["steady_state"] is False and win["warmup"] == 0
+    assert win["start_s"] == 0 and win["all_lanes_first_done_s"] >= 0.4
+    assert "--warmup auto starts it there" in _console(s)
+
+
+def test_defaults_for_many_lanes_and_bad_values():
+    small, big, huge = RunConfig(conc=8), RunConfig(conc=64), RunConfig(conc=1024)
+    assert not small.warmup_auto() and small.ramp_up() == 0
+    assert big.warmup_auto() and big.ramp_up() == 8.0  # 8 new lanes a second
+    assert huge.ramp_up() == 30.0  # capped
+    assert RunConfig(conc=64, warmup_s=5).warmup_auto() is False
+    assert RunConfig(conc=2, warmup_s="auto").warmup_auto() is True
+    assert RunConfig(conc=512, ramp_up_s="0").ramp_up() == 0.0
+    name = flag_namer(RunConfig)
+    for field, flag in (("warmup_s", "--warmup"), ("ramp_up_s", "--ramp-up")):
+        for bad in ("-1", "soon"):
+            with pytest.raises(InputError, match=f"{flag}.*seconds >= 0 or auto"):
+                build(RunConfig, {field: bad}, field_name=name)

@@ -16,6 +16,7 @@ import uuid
 import orjson
 from aiohttp import web
 
+from ..aio import sleep_until
 from . import protocol as P
 from .build import build_engine
 from .config import SimConfig
@@ -136,6 +137,15 @@ class SimServer:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
 
+    async def _front_end(self, reqs: list, since_ns: int) -> None:
+        """Hold the requests for the profile's modelled front-end time (HTTP, template,
+        tokenisation), counted from when their bytes arrived, so our own parsing is part of it."""
+        if self.cfg.fixed_ttft_ms is not None:
+            return
+        fe = self.built.timing.frontend_seconds(sum(r.prompt_len for r in reqs))
+        if fe > 0:
+            await sleep_until(since_ns / 1e9 + fe / self.cfg.time_scale)
+
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         arrival_ns, arrival_wall = time.perf_counter_ns(), time.time_ns()
         hdr_rid = request.headers.get("X-Request-ID")  # case-insensitive lookup
@@ -170,6 +180,7 @@ class SimServer:
             return _json(P.error_body(code, MESSAGES[code]), code)
         if fault == "slow-headers":
             await asyncio.sleep(self.cfg.slow_headers_s)
+        await self._front_end(reqs, received_ns or arrival_ns)
         for r in reqs:
             self.engine.submit(r)
         try:

@@ -63,6 +63,10 @@ class Calibration(StrictModel):
     non_kv_reserve_gib: float = 2.0  # activations, CUDA graphs, NCCL buffers per GPU
     simple_cpu_load_gbps: float = 14.0  # effective CPU->GPU load rate of SimpleCPUOffload, per GPU
     mooncake_load_gbps: float = 20.0  # effective Mooncake store get rate into the GPU, per GPU
+    # the API server's work before a request reaches the engine (HTTP, chat template,
+    # tokenisation), served requests only: fixed + per prompt token
+    frontend_ms: float = 0.0
+    frontend_us_per_prompt_token: float = 0.0
 
 
 class EngineDefaults(StrictModel):

@@ -11,6 +11,8 @@ Sparse attention (MiniMax-M3's MSA): each query reads at most `attn_window` toke
 block selector that scans `index_bytes_per_token` for every context token.
 Speculative decoding: the verify pass is the target step over (1 + K) tokens per sequence;
 the draft head then runs K sequential passes, each reading its weights and the batch's draft KV.
+Served requests first wait the front-end time (HTTP, chat template, tokenisation before the
+engine sees them): frontend_ms + frontend_us_per_prompt_token x prompt tokens.
 Every constant and its source is documented in docs/simulator.md.
 """
 from __future__ import annotations
@@ -112,6 +114,8 @@ class StepTiming:
         self.window = m.attn_window
         self.index_tok = m.index_bytes_per_token / tp if m.attn_window else 0.0
         self.layers = m.layers
+        self.frontend_fixed = cal.frontend_ms / 1e3
+        self.frontend_tok = cal.frontend_us_per_prompt_token / 1e6
 
     def new_batch(self) -> Batch:
         return Batch(window=self.window)
@@ -137,6 +141,12 @@ class StepTiming:
             draft_kv = b.kv_read_tokens * self.draft_kv_tok / self.kv_bw
             t += self.k * (self.draft_bytes / self.w_bw + draft_kv + self.draft_pass)
         return t
+
+    def frontend_seconds(self, prompt_tokens: int) -> float:
+        """Modelled time from a request's arrival to its submission to the engine: the API
+        server's HTTP handling, chat-template rendering and tokenisation (vLLM does these in
+        its front-end process before the engine core sees the request)."""
+        return self.frontend_fixed + self.frontend_tok * prompt_tokens
 
     def load_seconds(self, tokens: int) -> float:
         """Host->GPU copy of `tokens` tokens of KV: each rank loads its share in parallel; the

@@ -8,6 +8,8 @@ from .errors import InputError
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .ab.cli import add_parser as add_ab
+    from .calibrate.cli import add_parser as add_calibrate
     from .recipe.cli import add_parsers as add_recipe
     from .report.cli import add_parser as add_report
     from .run_cli import add_parser as add_run
@@ -21,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_sim(sub)
     add_recipe(sub)
     add_report(sub)
+    add_calibrate(sub)
+    add_ab(sub)
     return p
 
 

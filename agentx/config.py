@@ -12,6 +12,7 @@ from pydantic import BeforeValidator, SecretStr, field_validator, model_validato
 
 from .metrics.goodput import slo_option
 from .options import FieldError, StrictModel, opt
+from .recipe.golden import GoldenPin
 from .sim.config import SimConfig
 from .urls import normalise_base_url, redact_url
 
@@ -87,6 +88,11 @@ class RunConfig(StrictModel):
     api_key: SecretStr | None = opt(None, "default: $OPENAI_API_KEY (never recorded)",
                                     group=TARGET)
     timeout_s: float = opt(600.0, "per-read timeout (s)", flag="timeout", group=TARGET, gt=0.0)
+    connect_timeout_s: float = opt(10.0, "seconds to connect, and the bound on each start-up "
+                                   "probe (/v1/models, /tokenize, the first /metrics scrape): "
+                                   "a server that accepts but never answers fails start-up "
+                                   "after this", flag="connect_timeout", group=TARGET, gt=0.0,
+                                   le=3600.0)
     thinking: Literal["on", "off"] | None = opt(None, "chat_template_kwargs.enable_thinking "
                                                 "(default: the server's)", group=TARGET)
     extra_body: dict = opt(None, "JSON object merged into every request body", factory=dict,
@@ -115,10 +121,20 @@ class RunConfig(StrictModel):
     scrape_interval_s: float = opt(5.0, "/metrics period in s (0 = off)",
                                    flag="scrape_interval", group=OUTPUT, ge=0.0)
     validation: Literal["strict", "warn", "off"] = opt(
-        "warn", "a failed validation exits 3 (strict) or only warns (exit 0)",
-        flag="validate", group=OUTPUT)
+        "strict", "a failed validation verdict exits 3 (strict) or only warns (warn: exit 0); "
+        "off skips validation (docs/reliability.md)", flag="validate", group=OUTPUT)
+    max_error_rate: float = opt(0.5, "abort the run when more than this share of the last "
+                                "--error-window finished requests failed (0 = never abort)",
+                                group=OUTPUT, ge=0.0, le=1.0)
+    error_window: int = opt(50, "finished requests the --max-error-rate share is taken over "
+                            "(judged from the 10th on)", group=OUTPUT, ge=1, le=1_000_000)
     expect_al: float | None = opt(None, "expected (synthetic) acceptance length to validate",
                                   group=OUTPUT, ge=1.0)
+    golden_al: GoldenPin | None = opt(
+        None, "the golden entry the server's synthetic AL is pinned from, FILE:MODEL:on|off:K "
+        "(recipes/golden/*.yaml): recorded in the summary; it is the expected AL unless "
+        "--expect-al is given, validation fails traffic of the other thinking mode, and the "
+        "embedded simulator is pinned to it (docs/calibration.md)", group=OUTPUT)
     al_tolerance: float = opt(0.05, "allowed |measured - expected| acceptance length",
                               group=OUTPUT, gt=0.0)
     slo: SLO | None = opt(None, "latency SLOs in ms, e.g. ttft:2000,tpot:50,e2el:60000: the "
@@ -126,9 +142,14 @@ class RunConfig(StrictModel):
                           "vllm bench serve --goodput)", group=OUTPUT)
     expect_offload: bool = opt(False, "an offload connector is configured: offload hits must "
                                "appear", group=OUTPUT)
+    offload_tokens: int | None = opt(None, "KV offload tier size in tokens, for the pool-aware "
+                                     "theoretical hit rate (default: from the server's /metrics "
+                                     "where it says; 0 = no tier)", group=OUTPUT, ge=0)
     loop_lag_threshold_ms: float | None = opt(
-        None, "flag the run client-bound when event-loop lag p99 exceeds this (default: "
-        "max(2 ms, 10% of the chunk ITL p50))", flag="loop_lag_threshold", group=OUTPUT, gt=0.0)
+        None, "fail the run as client-bound when event-loop lag p99 exceeds this (default: "
+        "fail when lag p50 > max(2 ms, 10% of the chunk ITL p50), only warn when lag p99 > "
+        "max(5 ms, 10% of it); docs/reliability.md)", flag="loop_lag_threshold", group=OUTPUT,
+        gt=0.0)
     # --- the embedded simulator (no base_url): `--sim-<option>` flags ---
     sim: SimConfig = opt(None, "embedded simulator options", factory=SimConfig, cli=False)
 
@@ -156,6 +177,10 @@ class RunConfig(StrictModel):
                              "bounded)")
         if isinstance(self.workers, int) and self.workers < 1:
             raise FieldError("workers", "must be >= 1 or auto")
+        g = self.golden_al
+        if g is not None and self.base_url is None and self.sim.spec_k not in (0, g.k):
+            raise FieldError("golden_al", f"the entry is for K={g.k} but --sim-spec-k is "
+                             f"{self.sim.spec_k}")
         return self
 
     def warmup_auto(self) -> bool:

@@ -45,7 +45,8 @@ class RequestRecord:
     isl_intended: int = 0
     osl_intended: int = 0
     cached_expected: int = 0  # the trace's in-session prefix hit for this request (tokens)
-    cached_expected_pool: int = 0  # the same through an LRU of the server's KV pool size
+    cached_expected_pool: int = 0  # the same through the server's KV pool (+ offload tier)
+    cached_expected_offload: int = 0  # the part of cached_expected_pool from the offload tier
     isl: int | None = None  # server usage.prompt_tokens
     osl: int | None = None  # server usage.completion_tokens (else counted tokens)
     osl_counted: int = 0  # tokens counted from chunks (usage deltas, else 1 per chunk)
@@ -53,6 +54,8 @@ class RequestRecord:
     cached_tokens: int | None = None
     server_ttft_ms: float | None = None  # per-request metrics, when the server sends them
     server_queue_ms: float | None = None
+    spec_accepted: int | None = None  # per-request spec decode counts, when the server sends
+    spec_steps: int | None = None  # them (accepted draft tokens, verify steps with drafts)
     status: int = 0
     ok: bool = False
     error: str | None = None  # error class: http_429, http_5xx, connect, reset, timeout, ...
@@ -73,6 +76,7 @@ def assemble(rec: RequestRecord, f: StreamFacts) -> None:
     rec.status, rec.error, rec.error_detail = f.status, f.error, f.error_detail
     rec.isl, rec.cached_tokens, rec.reasoning_tokens = f.isl, f.cached_tokens, f.reasoning_tokens
     rec.server_ttft_ms, rec.server_queue_ms = f.server_ttft_ms, f.server_queue_ms
+    rec.spec_accepted, rec.spec_steps = f.spec_accepted, f.spec_steps
     rec.finish_reason = f.finish_reason
     rec.ok = f.error is None and f.status == 200
     rec.osl_counted = sum(f.chunk_tokens)
@@ -85,22 +89,31 @@ def assemble(rec: RequestRecord, f: StreamFacts) -> None:
 
 
 class RecordWriter:
-    """Writes this run's records to requests.jsonl, one flushed line each (a file left by
-    an earlier run in the same output directory is replaced, not appended to)."""
+    """Writes this run's records to requests.jsonl, one complete line per record, one write(2)
+    each with no buffer in between, so a SIGKILL leaves whole lines (at most the line being
+    written is missing; `agentx report` drops a cut-off last line should the kernel have
+    stopped a long write short). A file left by an earlier run in the same output directory
+    is replaced, not appended to."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = path
-        self._f: IO[bytes] = open(path, "wb")
+        self._f: IO[bytes] = open(path, "wb", buffering=0)
         self.count = 0
 
     def write(self, rec: RequestRecord) -> None:
-        self._f.write(rec.to_json() + b"\n")
-        self._f.flush()
+        write_line(self._f, rec.to_json() + b"\n")
         self.count += 1
 
     def close(self) -> None:
         if not self._f.closed:
             self._f.close()
+
+
+def write_line(f: IO[bytes], line: bytes) -> None:
+    """Write a whole line to an unbuffered file: one write(2) unless the kernel stops short."""
+    view = memoryview(line)
+    while view:
+        view = view[f.write(view):]
 
 
 def read_records(path: str | os.PathLike) -> list[dict]:

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from . import __version__, aio
-from .client.http import ClientConfig, first_model, make_session
+from .client.http import ClientConfig, first_model, make_session, probe_error
 from .config import RunConfig, default_output_dir
 from .engine.drive import DriveResult, DriveSpec, drive, split_lanes
 from .engine.lanes import Engine
@@ -26,11 +26,14 @@ from .engine.workers import WorkerPool, auto_workers, merge_records, usable_core
 from .errors import InputError
 from .metrics.goodput import goodput
 from .metrics.server_metrics import kv_pool
+from .metrics.tiers import resolve as resolve_tier
+from .metrics.tiers import tier_theory
 from .metrics.summary import dist, summarize
 from .metrics.window import Window, measurement_window, server_throughput
 from .outdir import check_output_dir, create_output_dir
 from .plan import split_count
 from .prompt.token_model import TokenModel, builtin_model, hf_model
+from .recipe.golden import sim_pinned
 from .records import read_records
 from .trace.load import load_traces
 from .trace.model import TraceSet
@@ -48,8 +51,8 @@ def run(cfg: RunConfig) -> dict:
     if cfg.base_url is None:
         from .sim.embedded import start_in_process
 
-        sim = start_in_process(cfg.sim.model_copy(update={"port": 0,
-                                                          "api_key": cfg.secret_key()}))
+        sim = start_in_process(cfg.sim.model_copy(update={
+            "port": 0, "api_key": cfg.secret_key(), **sim_pinned(cfg.golden_al, cfg.sim)}))
     try:
         base = sim.base_url if sim else cfg.base_url
         return aio.run(run_async(cfg, base, embedded=sim is not None))
@@ -65,27 +68,30 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) ->
     run_salt = secrets.token_hex(8)
     run_ns = f"seed{cfg.seed}" if cfg.warm_cache else run_salt
     ccfg = ClientConfig(base_url=base_url, model=cfg.model or "", timeout_s=cfg.timeout_s,
-                        api_key=cfg.secret_key(),
+                        api_key=cfg.secret_key(), connect_timeout_s=cfg.connect_timeout_s,
                         thinking=cfg.thinking, extra_body=cfg.extra_body,
                         cache_salt=None if (cfg.warm_cache or not cfg.cache_salt) else run_salt)
     async with make_session(ccfg, 1) as session:
         try:
-            model, max_model_len = await first_model(session, base_url)
+            model, max_model_len = await first_model(session, base_url, cfg.connect_timeout_s)
         except Exception as exc:
             raise InputError(redact_url(base_url),
-                             scrub(f"cannot list models at /v1/models: {exc}", base_url),
-                             field="--base-url") from None
+                             scrub(probe_error(exc, "GET /v1/models", cfg.connect_timeout_s),
+                                   base_url), field="--base-url") from None
         ccfg.model = cfg.model or model
         tm, token_info = await _token_model(cfg, session, base_url, ccfg.model, embedded)
     create_output_dir(out, cfg.overwrite)  # only now: a failed start leaves no empty dir
-    scraper = _scraper(base_url, cfg.scrape_interval_s, ccfg.headers())
+    scraper = _scraper(base_url, cfg.scrape_interval_s, ccfg.headers(), out / "metrics.jsonl",
+                       cfg.connect_timeout_s)
     pool_tokens = None
     if scraper:
         await scraper.start()
         if scraper.first is not None:
             pool_tokens = kv_pool(scraper.first).get("kv_pool_tokens")
+    tier = resolve_tier(cfg.offload_tokens, scraper.first if scraper else None)
     block_tokens = traces.block_size * cfg.context_scale
     pool_blocks = int(pool_tokens / block_tokens) if pool_tokens else None
+    tier_blocks = int(tier["offload_tokens"] / block_tokens) if tier["offload_tokens"] else None
     n_workers = resolve_workers(cfg, embedded)
     pooled = n_workers > 1 or bool(cfg.ray)  # records per worker, merged at the end
     lanes = split_lanes(cfg.conc, n_workers)
@@ -97,7 +103,9 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) ->
                                         else requests_path),
                        token_info=token_info, run_ns=run_ns, max_model_len=max_model_len,
                        pool_blocks=(pool_blocks * len(lanes[w]) // cfg.conc) if pool_blocks
-                       else None, worker=w)
+                       else None, worker=w,
+                       offload_blocks=(tier_blocks * len(lanes[w]) // cfg.conc) if tier_blocks
+                       else None, offload_eager=bool(tier["offload_eager"]))
              for w in range(n_workers)]
     t_wall0 = time.time()
     results: list[DriveResult] = []
@@ -116,12 +124,8 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) ->
                           if results and cfg.warmup_auto() else None)
     records = read_records(requests_path)
     summary = _summary(cfg, results, n_workers, records, scraper, token_info, ccfg,
-                       max_model_len, base_url, embedded, t_wall0)
+                       max_model_len, base_url, embedded, t_wall0, tier)
     (out / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
-    if scraper:
-        with open(out / "metrics.jsonl", "wb") as f:
-            for row in scraper.series_json():
-                f.write(orjson.dumps(row) + b"\n")
     summary["output_dir"] = str(out)
     return summary
 
@@ -176,7 +180,9 @@ async def _drive_workers(cfg: RunConfig, specs: list[DriveSpec]) -> list[DriveRe
     # workers get SIGINT from the terminal themselves; the parent forwards it regardless
     aio.install_stop_signals(loop, pool.request_stop, STOP_NOTICE)
     prog = asyncio.create_task(_progress(cfg, pool.stats, done)) if cfg.progress else None
-    t0 = time.perf_counter_ns() + int(3e9)  # worker start-up (spawn + imports) fits in this
+    # Ray actors start at this instant (pushed back if placement takes longer); local workers
+    # start together once every one is ready instead (workers.StartGate)
+    t0 = time.perf_counter_ns() + int(3e9)
     for s in specs:
         s.t0_ns = t0
     pool.start()
@@ -217,24 +223,31 @@ async def _token_model(cfg: RunConfig, session: Any, base_url: str, model: str,
     from .prompt.calibrate import calibrated_model
 
     try:
-        return await calibrated_model(session, base_url, model, kw)
+        # a dozen small /tokenize calls: bounded, so a server that hangs there cannot stall
+        # start-up (the fallback below is reported in summary.run.tokens)
+        return await asyncio.wait_for(calibrated_model(session, base_url, model, kw),
+                                      3 * cfg.connect_timeout_s)
     except Exception as exc:  # server without /tokenize: word = token assumption, reported
         return builtin_model(), {"mode": "assumed", "reason": f"/tokenize unavailable: {exc}"[:200]}
 
 
-def _scraper(base_url: str, interval: float, headers: dict):
-    """Scrapes use their own session so they never queue behind benchmark requests."""
+def _scraper(base_url: str, interval: float, headers: dict, out_path: Path,
+             timeout_s: float = 10.0):
+    """Scrapes use their own session so they never queue behind benchmark requests; each is
+    appended to `out_path` (metrics.jsonl) as it is taken."""
     if interval <= 0:
         return None
     from .metrics.scraper import ScraperThread
 
     auth = {k: v for k, v in headers.items() if k == "Authorization"}
-    return ScraperThread(base_url.rstrip("/") + "/metrics", interval_s=interval, headers=auth)
+    return ScraperThread(base_url.rstrip("/") + "/metrics", interval_s=interval, headers=auth,
+                         timeout_s=timeout_s,
+                         out_path=out_path)
 
 
 def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records: list[dict],
              scraper: Any, token_info: dict, ccfg: ClientConfig, max_model_len: int | None,
-             base_url: str, embedded: bool, t_wall0: float) -> dict:
+             base_url: str, embedded: bool, t_wall0: float, tier: dict | None = None) -> dict:
     # measurement window: from the end of warm-up to the last measured completion
     win = _window(results, records)
     server_metrics = scraper.compute(ccfg.model) if scraper else None
@@ -261,13 +274,12 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
         "max_sessions_active": sum(x.max_sessions_active for x in results),
     })
     s["server_metrics"] = server_metrics
+    s["cache"].update(tier or {})
     if s["cache"]["kv_pool_tokens"]:
         s["cache"]["working_set_exceeds_pool"] = sum(x.cache_evictions for x in results) > 0
-    reasons = {x.stop_reason for x in results}
-    errors = sorted(r for r in reasons if r.startswith("error"))
-    s["stop_reason"] = errors[0] if errors else "signal" if "signal" in reasons \
-        else sorted(reasons)[0]
+    s["stop_reason"] = stop_reason({x.stop_reason for x in results})
     s["config"] = cfg.public()
+    s["golden_al"] = cfg.golden_al.model_dump() if cfg.golden_al else None  # the pinned entry
     s["run"] = {"agentx_version": __version__, "started_at": t_wall0, "target": redact_url(base_url),
                 "embedded_simulator": embedded, "model": ccfg.model,
                 "max_model_len": max_model_len, "tokens": token_info,
@@ -295,23 +307,42 @@ def max_overlap(intervals: list[tuple[int, int]]) -> int:
 
 
 def _validate(cfg: RunConfig, s: dict) -> dict:
+    from .metrics.client_bound import client_bound
     from .metrics.validate import Expectations, validate
 
-    itl_p50 = (s.get("itl_ms") or {}).get("p50") or 0.0
-    threshold = cfg.loop_lag_threshold_ms or max(2.0, 0.1 * itl_p50)
-    lag_p99 = (s["client"]["loop_lag_ms"] or {}).get("p99")
-    extra = [s["stop_reason"]] if s["stop_reason"].startswith("error") else []
-    if lag_p99 is not None and lag_p99 > threshold:
-        wait = s["client"].get("runqueue_wait_ms_per_s") or 0.0
-        extra.append(f"client-bound: event-loop lag p99 {lag_p99:.2f} ms > {threshold:.2f} ms; "
-                     "timings include client delay (use --workers or fewer lanes"
-                     + (f"; the loop waited {wait:.0f} ms/s for its core: other load shares "
-                        "the client's cores" if wait >= 5 else "") + ")")
-    exp = Expectations(synthetic_al=cfg.expect_al, al_tolerance=cfg.al_tolerance,
+    extra = [s["stop_reason"]] if s["stop_reason"].startswith(("error", "aborted")) else []
+    bound, warnings = client_bound(s["client"], (s.get("itl_ms") or {}).get("p50"),
+                                   (s.get("ttft_ms") or {}).get("p50"), cfg.loop_lag_threshold_ms)
+    interrupted = None
+    if s["stop_reason"] == "signal":
+        interrupted = (f"stopped by a signal (SIGINT/SIGTERM); {s['completed']} requests "
+                       f"completed, {s['cancelled']} cancelled in flight")
+    golden = cfg.golden_al
+    exp = Expectations(synthetic_al=cfg.expect_al if cfg.expect_al is not None
+                       else golden.al if golden else None,
+                       golden=golden.model_dump() if golden else None,
+                       al_tolerance=cfg.al_tolerance,
                        offload_expected=cfg.expect_offload,
                        working_set_exceeds_pool=s["cache"].get("working_set_exceeds_pool"),
                        theoretical_hit_rate=(s["cache"]["theoretical_hit_rate_pool"]
                                              if s["cache"]["kv_pool_tokens"]
                                              else s["cache"]["theoretical_hit_rate"]),
-                       thinking=cfg.thinking)
-    return validate(s, exp, extra_reasons=extra)
+                       tier_hit_rates=tier_theory(s["cache"]),
+                       thinking=cfg.thinking,
+                       # --scrape-interval 0 turned scraping off: nothing to require of it
+                       **({} if cfg.scrape_interval_s > 0 else {"required_families": []}))
+    return validate(s, exp, extra_reasons=extra + bound, warnings=warnings,
+                    interrupted=interrupted)
+
+
+STOP_PRIORITY = ("error", "aborted", "signal")
+
+
+def stop_reason(reasons: set[str]) -> str:
+    """The run's stop reason when its processes report several: a lane's bug first, then an
+    error-rate abort, then a signal, else the first normal end (duration, max_requests)."""
+    for prefix in STOP_PRIORITY:
+        hit = sorted(r for r in reasons if r.startswith(prefix))
+        if hit:
+            return hit[0]
+    return sorted(reasons)[0]

@@ -27,6 +27,12 @@ def _other_value(name: str, info: Any) -> tuple[str | None, Any]:
     tp = _strip_optional(info.annotation)
     default = info.get_default(call_default_factory=True)
     lo = next((m.ge for m in info.metadata if hasattr(m, "ge") and m.ge is not None), None)
+    if name == "golden_al":  # FILE:MODEL:MODE:K of a shipped golden file (agentx/recipe/golden.py)
+        from agentx.recipe.golden import GoldenPin
+        from agentx.recipe.load import recipes_dir
+
+        text = f"{recipes_dir()}/golden/minimaxm3_eagle3.yaml:Inferact/MiniMax-M3-EAGLE3:on:3"
+        return text, GoldenPin.model_validate(text)
     if name == "slo":  # its own NAME:MS,... string form (agentx/metrics/goodput.py)
         return "ttft:500,e2el:2000", {"ttft": 500.0, "e2el": 2000.0}
     if get_origin(tp) is Literal:

@@ -49,9 +49,10 @@ def test_clean_run_passes_and_lists_skips(real: dict) -> None:
     assert check(res, "error_rate")["ok"] is True
     assert check(res, "required_metric_families")["ok"] is True
     assert check(res, "metrics_window")["ok"] is True
-    for name in ("spec_decode_acceptance_length", "offload_hits", "prefix_hit_rate", "thinking_mode"):
+    for name in ("spec_decode_acceptance_length", "offload_hits", "prefix_hit_rate", "thinking_mode",
+                 "golden_thinking_mode"):
         assert check(res, name)["ok"] is None
-    assert len(res["skipped"]) == 4
+    assert len(res["skipped"]) == 5
 
 
 def test_extra_reasons_fail(real: dict) -> None:
@@ -231,7 +232,9 @@ def test_everything_expected_and_met() -> None:
     metrics = server_metrics(with_offload(BEFORE, 0), with_offload(AFTER, 3))
     al = metrics["spec_decode"]["acceptance_length"]
     exp = Expectations(max_error_rate=0.0, synthetic_al=round(al, 2), offload_expected=True,
-                       working_set_exceeds_pool=True, theoretical_hit_rate=0.6, thinking="on")
+                       working_set_exceeds_pool=True, theoretical_hit_rate=0.6, thinking="on",
+                       golden={"file": "g.yaml", "model": "d", "thinking": "on", "k": 3,
+                               "al": round(al, 2)})
     s = summary(metrics, cache={"achieved_hit_rate": 0.62}, reasoning_tokens=50)
     res = validate(s, exp)
     assert res["verdict"] == "pass", res["reasons"]

@@ -27,6 +27,8 @@ class StreamFacts:
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
     server_ttft_ms: float | None = None  # the server's per-request `metrics`, when sent
     server_queue_ms: float | None = None
+    spec_accepted: int | None = None  # metrics.speculative_decoding (vLLM
+    spec_steps: int | None = None  # --per-request-spec-decode-metrics), when sent
     finish_reason: str | None = None
     error: str | None = None  # error class (see RequestRecord.error)
     error_detail: str | None = None

@@ -116,6 +116,10 @@ class StreamDecoder:
                 if m:
                     f.server_ttft_ms = m.get("time_to_first_token_ms")
                     f.server_queue_ms = m.get("queue_time_ms")
+                    sd = m.get("speculative_decoding")
+                    if sd:
+                        f.spec_accepted = sd.get("num_accepted_draft_tokens")
+                        f.spec_steps = sd.get("num_spec_steps")
             return
         f.last_chunk_ns = t  # vLLM's first/last "token" instants: any non-empty choices
         if not f.first_chunk_ns:

@@ -90,6 +90,36 @@ def token_itls_ms(offsets_ns: Sequence[int], tokens: Sequence[int]) -> list[floa
     return out
 
 
+# -- speculative decoding -----------------------------------------------------------------------
+VLLM_SPEC = "vllm/v1/spec_decode/metrics.py"
+
+
+def acceptance_length(accepted: float | None, drafts: float | None) -> float | None:
+    """Mean acceptance length AL = 1 + accepted draft tokens / drafts, a draft being one verify
+    step that proposed tokens; the 1 is the bonus token every step emits (vLLM's "Mean
+    acceptance length"; from /metrics deltas it is how InferenceX calibrates golden ALs)."""
+    if accepted is None or not drafts:
+        return None
+    return 1.0 + accepted / drafts
+
+
+def position_acceptance(accepted_at: Sequence[float], drafts: float | None) -> list[float] | None:
+    """Per-position acceptance rate: accepted tokens at draft position i / drafts, i.e. the
+    unconditional probability that the first i+1 drafts of a step are all accepted."""
+    if not drafts or not accepted_at:
+        return None
+    return [a / drafts for a in accepted_at]
+
+
+def chunk_spec_counts(chunk_tokens: Sequence[int]) -> tuple[int, int]:
+    """(accepted, steps) of one streamed request seen from its chunks: every chunk after the
+    first is one decode step carrying 1 + its accepted drafts (the first is the prefill's
+    token). An approximation of the server's counts: a step without a draft (ngram found no
+    match) counts as a step, and the last step's tokens may be cut by max_tokens."""
+    decode = [max(1, k) for k in chunk_tokens[1:]]
+    return sum(decode) - len(decode), len(decode)
+
+
 # -- declarations -------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Metric:

@@ -40,9 +40,17 @@ class Expectations:
       concurrent interleaving, preemption recompute, and warm-up turns each
       move the rate by a few points. Ten points absorbs that yet catches the
       failures that matter (cache off → ~0 vs ~0.9; a prompt prefix broken
-      by template drift or a per-request salt).
+      by template drift or a per-request salt). With an offload tier the rate is the tiered
+      theory (GPU pool + tier, agentx.prefix_cache.TieredCache).
+    - tier_hit_rates: that theory per tier ({"gpu", "offload"}), checked against the
+      achieved rate split by the server's per-tier hits (prefix_cache vs external_cache)
+      with the same tolerance.
     - thinking: "on" → reasoning tokens must appear in the traffic, "off" →
       none may.
+    - golden: the golden entry the synthetic AL was pinned from ({file, model,
+      thinking, k, al}); the traffic's thinking mode (``thinking``, else
+      reasoning tokens seen) must be the entry's: an AL calibrated with
+      thinking on says nothing about thinking-off traffic.
     - required_families: metric families that must be exposed (either spelling,
       with or without ``_total``).
     - require_complete_window: both the start and the end scrape succeeded, so
@@ -56,7 +64,9 @@ class Expectations:
     working_set_exceeds_pool: bool | None = None
     theoretical_hit_rate: float | None = None
     hit_rate_tolerance: float = 0.10
+    tier_hit_rates: dict[str, float] | None = None
     thinking: str | None = None
+    golden: dict | None = None
     required_families: list[str] = field(default_factory=lambda: list(CORE_FAMILIES))
     require_complete_window: bool = True
 
@@ -69,11 +79,15 @@ class Expectations:
                 raise ValueError(f"{name} must be >= 0")
 
 
-def validate(summary: dict, exp: Expectations, extra_reasons: Iterable[str] = ()) -> dict:
-    """Run every check; ``{"verdict", "reasons", "checks", "skipped"}``.
+def validate(summary: dict, exp: Expectations, extra_reasons: Iterable[str] = (),
+             warnings: Iterable[str] = (), interrupted: str | None = None) -> dict:
+    """Run every check; ``{"verdict", "reasons", "checks", "skipped", "warnings"}``.
 
     ``extra_reasons`` (e.g. "client-bound" from the fidelity monitor) are
-    failures found elsewhere; each one fails the run.
+    failures found elsewhere; each one fails the run. ``warnings`` are listed
+    and change nothing. ``interrupted`` (why the run was stopped early) makes
+    the verdict ``interrupted`` whatever the checks say: a partial run never
+    passes.
     """
     sm = summary.get("server_metrics")
     sm = sm if isinstance(sm, dict) else None
@@ -85,13 +99,16 @@ def validate(summary: dict, exp: Expectations, extra_reasons: Iterable[str] = ()
         _offload(sm, exp),
         _hit_rate(summary, sm, exp),
         _thinking(summary, exp),
+        _golden_thinking(summary, exp),
     ]
     checks += [_check("extra", False, None, None, str(r)) for r in extra_reasons]
     failed = [c for c in checks if c["ok"] is False]
+    reasons = [f"{c['name']}: {c['reason']}" for c in failed]
     return {
-        "verdict": "fail" if failed else "pass",
-        "reasons": [f"{c['name']}: {c['reason']}" for c in failed],
+        "verdict": "interrupted" if interrupted else "fail" if failed else "pass",
+        "reasons": ([f"interrupted: {interrupted}"] if interrupted else []) + reasons,
         "skipped": [f"{c['name']}: {c['reason']}" for c in checks if c["ok"] is None],
+        "warnings": list(warnings),
         "checks": checks,
     }
 
@@ -131,7 +148,11 @@ def _error_rate(summary: dict, exp: Expectations) -> dict:
         return _skip(name, "summary lacks numeric 'completed'/'failed'", exp.max_error_rate)
     total = done + failed
     if total <= 0:
-        return _check(name, False, None, exp.max_error_rate, "no request was sent")
+        cancelled, warm = _num(summary.get("cancelled")) or 0, _num(summary.get("warmup_requests"))
+        why = (f"no request completed: {int(cancelled)} cancelled in flight when the run stopped"
+               if cancelled else f"no measured request: all {int(warm)} were warm-up"
+               if warm else "no request was sent")
+        return _check(name, False, None, exp.max_error_rate, why)
     rate = failed / total
     ok = rate <= exp.max_error_rate
     return _check(name, ok, rate, exp.max_error_rate,
@@ -187,8 +208,34 @@ def _acceptance_length(sm: dict | None, exp: Expectations) -> dict:
                else "no speculative drafts during the run")
         return _check(name, False, None, expected, why)
     ok = abs(al - exp.synthetic_al) <= exp.al_tolerance + 1e-12
+    src = f" (golden {_entry(exp.golden)})" if exp.golden else ""
     return _check(name, ok, al, expected,
-                  "" if ok else f"measured AL {al:.3f}, expected {exp.synthetic_al} ± {exp.al_tolerance}")
+                  "" if ok else f"measured AL {al:.3f}, expected {exp.synthetic_al} ± "
+                  f"{exp.al_tolerance}{src}")
+
+
+def _entry(g: dict) -> str:
+    return f"{g['model']} thinking_{g['thinking']} K={g['k']} = {g['al']}, {g['file']}"
+
+
+def _golden_thinking(summary: dict, exp: Expectations) -> dict:
+    """Inputs: the golden entry's thinking mode; the run's --thinking, else
+    summary["reasoning_tokens"] > 0 (thinking on; none seen says nothing: a server without a
+    reasoning parser reports none either way)."""
+    name = "golden_thinking_mode"
+    g = exp.golden
+    if not g:
+        return _skip(name, "no golden AL entry pinned")
+    traffic, how = exp.thinking, "--thinking"
+    if traffic is None and (_num(summary.get("reasoning_tokens")) or 0) > 0:
+        traffic, how = "on", "reasoning tokens in the traffic"
+    if traffic is None:
+        return _skip(name, "traffic's thinking mode unknown (give --thinking)", g["thinking"])
+    ok = traffic == g["thinking"]
+    return _check(name, ok, traffic, g["thinking"],
+                  "" if ok else f"AL pinned from golden {_entry(g)} (calibrated with thinking "
+                  f"{g['thinking']}) but the traffic is thinking-{traffic} ({how}): "
+                  f"use the thinking_{traffic} entry")
 
 
 def _offload(sm: dict | None, exp: Expectations) -> dict:
@@ -224,10 +271,35 @@ def _hit_rate(summary: dict, sm: dict | None, exp: Expectations) -> dict:
     if measured is None:
         return _skip(name, "no achieved hit rate (client or server)", expected)
     ok = abs(measured - exp.theoretical_hit_rate) <= exp.hit_rate_tolerance + 1e-12
-    out = _check(name, ok, measured, expected,
-                 "" if ok else f"{source} hit rate {measured:.3f} vs theoretical "
-                 f"{exp.theoretical_hit_rate:.3f} ± {exp.hit_rate_tolerance}")
+    why = [] if ok else [f"{source} hit rate {measured:.3f} vs theoretical "
+                         f"{exp.theoretical_hit_rate:.3f} ± {exp.hit_rate_tolerance}"]
+    tiers = _tier_rates(measured, sm, exp) if _metrics_available(sm) else None
+    for tier, t in (tiers or {}).items():
+        if not t["ok"]:
+            why.append(f"{tier} tier hit rate {t['measured']:.3f} vs theoretical "
+                       f"{t['expected']:.3f} ± {exp.hit_rate_tolerance}")
+    out = _check(name, not why, measured, expected, "; ".join(why))
     out["source"] = source
+    if tiers:
+        out["tiers"] = tiers
+    return out
+
+
+def _tier_rates(achieved: float, sm: dict | None, exp: Expectations) -> dict | None:
+    """Achieved rate per tier: the achieved rate split in the proportions of the server's
+    device (prefix_cache.hits) and external (external_cache.hits) hit tokens. The split, not
+    the server's own rates, because those also count warm-up requests, whose prompts are cold."""
+    theory = exp.tier_hit_rates
+    dev, ext = _num(_get(sm, "prefix_cache", "hits")), _num(_get(sm, "external_cache", "hits"))
+    if not theory or dev is None or ext is None:
+        return None
+    total = dev + ext
+    split = {"gpu": dev / total if total else 0.0, "offload": ext / total if total else 0.0}
+    out = {}
+    for tier, want in theory.items():
+        got = achieved * split[tier]
+        out[tier] = {"measured": got, "expected": want,
+                     "ok": abs(got - want) <= exp.hit_rate_tolerance + 1e-12}
     return out
 
 

@@ -9,6 +9,7 @@ draft's acceptance varying run to run. Missing values are errors, never guessed.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import RootModel, model_validator
 
@@ -50,3 +51,55 @@ def golden_al(path: str | Path, model: str, thinking: bool, k: int) -> float:
         raise InputError(str(path), f"no golden AL for {model} {mode} K={k} (has K: "
                          f"{', '.join(map(str, sorted(values))) or 'none'})", field=model)
     return values[k]
+
+
+def mode_key(thinking: bool | str) -> str:
+    """`thinking_on` / `thinking_off` from a bool or "on" / "off"."""
+    on = thinking if isinstance(thinking, bool) else thinking in ("on", "thinking_on")
+    return "thinking_on" if on else "thinking_off"
+
+
+class GoldenPin(StrictModel):
+    """The golden entry a run's synthetic AL was pinned from, recorded in its summary so that
+    validation can check the measured AL against it and the traffic's thinking mode against
+    the entry's. Given as FILE:MODEL:MODE:K (MODE on|off) or a mapping; `al` is read from the
+    file (and kept, so a worker process or Ray actor does not need the file)."""
+
+    file: str = opt(..., "golden AL file", min_length=1)
+    model: str = opt(..., "key of the golden file (the draft)", min_length=1)
+    thinking: Literal["on", "off"] = opt(..., "the thinking mode the entry was calibrated in")
+    k: int = opt(..., "num_speculative_tokens", ge=1)
+    al: float = opt(..., "the entry's acceptance length", ge=1.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            parts = v.rsplit(":", 3)
+            if len(parts) != 4:
+                raise ValueError("give FILE:MODEL:MODE:K, e.g. recipes/golden/x.yaml:"
+                                 "my/draft:on:3")
+            v = dict(zip(("file", "model", "thinking", "k"), parts))
+        if isinstance(v, dict):
+            v = dict(v)
+            t = v.get("thinking")
+            if isinstance(t, bool) or t in ("thinking_on", "thinking_off"):
+                v["thinking"] = mode_key(t).removeprefix("thinking_")
+            if "al" not in v and {"file", "model", "thinking", "k"} <= v.keys():
+                try:
+                    v["al"] = golden_al(v["file"], v["model"], v["thinking"] == "on",
+                                        int(v["k"]))
+                except (InputError, ValueError) as e:
+                    raise ValueError(str(e).removeprefix("error: ")) from None
+        return v
+
+    def label(self) -> str:
+        return f"{self.model} thinking_{self.thinking} K={self.k} = {self.al} ({self.file})"
+
+
+def sim_pinned(pin: GoldenPin | None, sim: Any) -> dict:
+    """SimConfig updates that pin the embedded simulator to `pin` (K and synthetic AL), unless
+    the simulator's own synthetic acceptance was set explicitly."""
+    if pin is None or sim.synthetic_al is not None or sim.synthetic_rates is not None:
+        return {}
+    return {"spec_k": pin.k, "synthetic_al": pin.al}

@@ -181,13 +181,32 @@ def synthetic_al(recipe: Recipe, k: int, recipe_dir: Path, notes: list[str]) -> 
     s = recipe.speculative
     al = s.synthetic_al if s is not None else None
     if al == "golden":
-        key = s.golden_model or s.draft or recipe.model
+        key = golden_key(recipe)
         al = golden_al(recipe_dir / s.golden_file, key, recipe.thinking, k)
         notes.append(f"synthetic AL {al} = golden {key} "
                      f"thinking_{'on' if recipe.thinking else 'off'} K={k} ({s.golden_file})")
     if al is not None and not 1.0 <= al <= k + 1:
         raise ValueError(f"synthetic AL {al} outside [1, K+1 = {k + 1}]")
     return al
+
+
+def golden_key(recipe: Recipe) -> str:
+    """The golden file's key for this recipe: golden_model, else the draft, else the model (as
+    written, unexpanded, so the key does not depend on this machine's paths)."""
+    s = recipe.speculative
+    return (s.golden_model or s.draft if s is not None else None) or recipe.model
+
+
+def golden_pin(recipe: Recipe, k: int | None, recipe_dir: Path) -> dict | None:
+    """The golden entry a point's synthetic AL comes from (RunConfig.golden_al), or None when
+    the recipe does not pin `synthetic_al: golden` or the point runs without speculation."""
+    s = recipe.speculative
+    if s is None or k is None or s.synthetic_al != "golden":
+        return None
+    path = recipe_dir / s.golden_file
+    return {"file": str(path), "model": golden_key(recipe), "k": k,
+            "thinking": "on" if recipe.thinking else "off",
+            "al": golden_al(path, golden_key(recipe), recipe.thinking, k)}
 
 
 @dataclass

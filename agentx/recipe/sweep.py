@@ -26,6 +26,7 @@ from ..errors import InputError
 from ..options import input_error
 from ..urls import normalise_base_url
 from .inferencex import inferencex_fields
+from .render import golden_pin
 from .schema import Recipe, spec_k
 from .serve import ServerHandle, ServerStartError, free_port, launch, start
 from .simargs import sim_argv, sim_options
@@ -181,14 +182,19 @@ class Servers:
 
 
 def cell_config(recipe: Recipe, cell: Cell, opts: SweepOptions, base_url: str,
-                model: str | None) -> RunConfig:
-    """The recipe's run options, the sweep's overrides, this cell's conc and directory."""
+                model: str | None, recipe_dir: Path | None = None) -> RunConfig:
+    """The recipe's run options, the sweep's overrides, this cell's conc and directory (and,
+    given the recipe's directory, the golden entry its synthetic AL is pinned from)."""
     point = recipe.points[cell.point]
     data = {**recipe.run_options(), **opts.run, "conc": cell.conc, "base_url": base_url,
             "gpus": point.gpus, "output_dir": str(cell.dir), "overwrite": True,
             "progress": False}
     if model:
         data["model"] = model
+    pin = golden_pin(recipe, spec_k(recipe, point, cell.conc), recipe_dir) if recipe_dir \
+        else None
+    if pin:
+        data.setdefault("golden_al", pin)
     try:
         cfg = RunConfig.model_validate(data)
     except ValidationError as err:
@@ -219,7 +225,7 @@ def run_cell(recipe: Recipe, cell: Cell, servers: Servers, opts: SweepOptions) -
     try:
         url, model = servers.url_and_model(cell)
         cell.reset_prefix_cache = reset_prefix_cache(url)
-        run(cell_config(recipe, cell, opts, url, model))
+        run(cell_config(recipe, cell, opts, url, model, servers.path.parent))
         annotate(recipe, cell, {"backend": servers.backend,
                                 "reset_prefix_cache": cell.reset_prefix_cache})
         if servers.died:

@@ -1,0 +1,124 @@
+"""`calibrate(cfg)`: for each K a server, for each thinking mode a measurement, then the
+golden file and calibration.json (every cell, with its interval and run directory)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+
+from ..errors import InputError
+from ..recipe.golden import mode_key
+from ..recipe.load import load_recipe, recipes_dir
+from ..recipe.render import golden_key
+from ..sim.specdec import default_rates
+from .config import CalibrateConfig
+from .golden_file import Entry, merge
+from .measure import Measurement, Workload, measure, server_version
+from .servers import Target, recipe_ks, serve
+
+Say = Callable[[str], None]
+
+
+def served_model(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url + "/v1/models", timeout=30) as resp:
+            return json.loads(resp.read())["data"][0]["id"]
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        raise InputError(url, f"cannot list models at /v1/models ({e})", field="--url") from None
+
+
+def workload(cfg: CalibrateConfig, run_opts: dict) -> Workload:
+    extra: dict = {"temperature": cfg.temperature}
+    if cfg.max_tokens:
+        extra["max_tokens"] = cfg.max_tokens
+    if cfg.prompts:
+        from .prompts import load_prompts
+
+        load_prompts(cfg.prompts)  # a bad file fails before any server starts
+    return Workload(trace=cfg.trace or run_opts.get("trace") or "swe",
+                    context_scale=cfg.context_scale or run_opts.get("context_scale") or 1.0,
+                    prompts=cfg.prompts, requests=cfg.requests, extra_body=extra,
+                    seed=cfg.seed)
+
+
+def golden_path(cfg: CalibrateConfig, name: str) -> Path:
+    if cfg.golden:
+        return Path(cfg.golden)
+    stem = cfg.out or re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")
+    return recipes_dir() / "golden" / f"{stem}.yaml"
+
+
+def provenance(m: Measurement, t: Target, version: str | None, draft: str, w: Workload) -> str:
+    iv = m.interval
+    server = "agentx simulator" if t.backend == "sim" else f"vLLM {version or '?'}"
+    sampling = ", ".join(f"{k}={v}" for k, v in w.extra_body.items())
+    return (f"AL {m.al:.4f}, 95% interval {iv.low:.2f}-{iv.high:.2f} ({iv.source}, "
+            f"{iv.requests} requests); {time.strftime('%Y-%m-%d')}; {server}; model "
+            f"{t.model}; draft {draft}; {w.describe()}; {sampling}, ignore_eos; "
+            f"{m.completed} requests at conc 1, {m.drafts:.0f} drafts")
+
+
+def calibrate(cfg: CalibrateConfig, say: Say = print) -> dict:
+    recipe = path = None
+    run_opts: dict = {}
+    if cfg.recipe:
+        recipe, path = load_recipe(cfg.recipe)
+        run_opts = recipe.run_options()
+        ks = cfg.k or recipe_ks(recipe, str(path))
+        s = recipe.speculative
+        if s is None:
+            recipe_ks(recipe, str(path))  # raises: nothing to calibrate
+        draft = f"{s.method} {s.draft}" if s.draft else s.method
+    else:
+        ks, draft = cfg.k or sorted(cfg.url_map()), "(--url: not stated)"
+    w = workload(cfg, run_opts)
+    out = Path(cfg.output_dir or f"results/calibrate-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    cells: list[dict] = []
+    entries: list[Entry] = []
+    key = cfg.golden_model or (golden_key(recipe) if recipe else None)
+    for k in ks:
+        say(f"K={k}: starting the server" if recipe else f"K={k}: {cfg.url_map()[k]}")
+        with serve(cfg, recipe, path, k, out / f"k{k}" / "server") as t:
+            t.model = t.model or served_model(t.url)
+            key = key or t.model
+            version = server_version(t.url)
+            for mode in cfg.thinking:
+                m = measure(w, cfg, t.url, t.model, k, mode, out / f"k{k}" / f"thinking-{mode}")
+                cell = {**m.record(), "backend": t.backend, "server_version": version,
+                        "model": t.model}
+                if t.backend == "sim":  # the simulator's own acceptance: the truth to recover
+                    cell["true_al"] = 1.0 + sum(default_rates(k))
+                cells.append(cell)
+                say(line(m))
+                if m.error is None:
+                    entries.append(Entry(mode_key(mode), k, m.al,
+                                         provenance(m, t, version, draft, w)))
+    gpath = golden_path(cfg, recipe.name if recipe and not cfg.golden_model else key)
+    if entries:
+        merge(gpath, key, entries)
+    result = {"golden_file": str(gpath) if entries else None, "golden_model": key,
+              "workload": w.describe(), "sampling": w.extra_body, "cells": cells}
+    (out / "calibration.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    result["output_dir"] = str(out)
+    rel = os.path.relpath(gpath.resolve(), path.parent.resolve()) if recipe else None
+    if recipe and entries and recipe.speculative.golden_file != rel:
+        say(f"note: recipe {recipe.name} reads {recipe.speculative.golden_file}; give it "
+            f"`golden_file: {rel}` and `synthetic_al: golden` to pin these values")
+    return result
+
+
+def line(m: Measurement) -> str:
+    head = f"  K={m.k} thinking {m.thinking}:"
+    if m.error:
+        return f"{head} FAILED: {m.error}"
+    iv = m.interval
+    pos = ", ".join(f"{p:.2f}" for p in (m.per_position or []))
+    return (f"{head} AL {m.al:.3f} [{iv.low:.3f}, {iv.high:.3f}] ({iv.source}), per position "
+            f"[{pos}], {m.drafts:.0f} drafts, {m.completed} requests ok, {m.failed} failed")

@@ -1,0 +1,66 @@
+"""One server per K: the recipe's vLLM (or its simulator stand-in) launched clean with real
+verification at that K, or the running server the user named for it."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import InputError
+from ..recipe.schema import Recipe
+from ..recipe.serve import ServerHandle, free_port, launch, start
+from ..recipe.simargs import sim_argv, sim_options
+from .config import CalibrateConfig
+
+PER_REQUEST_SPEC = ["--per-request-spec-decode-metrics", "summary"]  # vLLM >= 0.32
+
+
+@dataclass
+class Target:
+    k: int
+    url: str
+    model: str | None
+    backend: str  # vllm | sim | url
+
+
+def recipe_ks(recipe: Recipe, source: str) -> list[int]:
+    """The K values a recipe uses (its k and every k_map rule's)."""
+    s = recipe.speculative
+    if s is None:
+        raise InputError(source, "the recipe has no speculative decoding to calibrate",
+                         field="speculative")
+    return sorted({r.k for r in s.k_map} | ({s.k} if s.k is not None else set()))
+
+
+def at_k(recipe: Recipe, k: int, per_request_spec: bool) -> Recipe:
+    """The recipe verifying for real at K: one fixed K, no synthetic acceptance."""
+    spec = recipe.speculative.model_copy(update={"k": k, "k_map": [], "synthetic_al": None})
+    extra = recipe.extra_args + (PER_REQUEST_SPEC if per_request_spec else [])
+    point = recipe.points[0].model_copy(update={"spec": True})
+    return recipe.model_copy(update={"speculative": spec, "extra_args": extra,
+                                     "points": [point]})
+
+
+@contextlib.contextmanager
+def serve(cfg: CalibrateConfig, recipe: Recipe | None, path: Path | None, k: int,
+          workdir: Path) -> Iterator[Target]:
+    """The server for K, stopped (when launched here) on leaving the block."""
+    if recipe is None:
+        yield Target(k, cfg.url_map()[k], None, "url")
+        return
+    r = at_k(recipe, k, cfg.per_request_spec)
+    timeout = cfg.health_timeout_s or recipe.health_timeout_s
+    handle: ServerHandle
+    if cfg.sim:
+        opts = {**sim_options(r, 0, recipe_dir=path.parent, source=str(path)),
+                "time_scale": cfg.sim_time_scale}
+        port = free_port()
+        handle = start(sim_argv(opts, host="127.0.0.1", port=port), {}, workdir=workdir,
+                       base_url=f"http://127.0.0.1:{port}", health_timeout=timeout)
+        handle.model = opts["model_name"]
+    else:
+        handle = launch(r, 0, workdir=workdir, recipe_dir=path.parent, source=str(path),
+                        health_timeout=timeout)
+    with handle:
+        yield Target(k, handle.base_url, handle.model, "sim" if cfg.sim else "vllm")

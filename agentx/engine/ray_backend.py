@@ -10,7 +10,10 @@ not share:
   instant goes out in each actor's own monotonic base, and records of actors on other hosts
   are shifted into the driver's base (wall clocks must be NTP-synced; durations inside a
   record never cross hosts, so TTFT/ITL/TPOT are exact whatever the sync).
-Actors on the driver's host share its clock and are not shifted. See docs/scale-out.md.
+Actors on the driver's host share its clock and are not shifted.
+- liveness: the driver pulls each actor's finished records every STATS_EVERY_S, so an actor
+  whose node dies keeps what it had finished until then, like a dead local worker's file; its
+  error names the Ray node. See docs/scale-out.md.
 """
 from __future__ import annotations
 
@@ -114,11 +117,24 @@ class LaneWorker:
 
     def __init__(self) -> None:
         self._engine = None
+        self._records: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_requested: bool | None = None  # None, or force for an engine not yet built
 
     def clock(self) -> dict:
-        return clock()
+        import ray
+
+        return {**clock(), "node": ray.get_runtime_context().get_node_id()}
+
+    def records_since(self, offset: int) -> bytes:
+        """The complete record lines written from byte `offset` on (streamed to the driver)."""
+        path = self._records
+        if path is None or not os.path.exists(path):
+            return b""
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+        return data[: data.rfind(b"\n") + 1]
 
     def run(self, spec: DriveSpec, files: dict[str, tuple[str, bytes]]) -> tuple[dict, bytes]:
         with tempfile.TemporaryDirectory(prefix="agentx-ray-") as tmp:
@@ -130,7 +146,9 @@ class LaneWorker:
                 info["tokenizer"] = unpack(*files["tokenizer"], tmp)
             local = replace(spec, run=run, token_info=info,
                             records_path=os.path.join(tmp, "requests.jsonl"))
+            self._records = local.records_path
             result = self._run_loop(local)
+            self._records = None
             with open(local.records_path, "rb") as f:
                 return asdict(result), f.read()
 
@@ -180,6 +198,9 @@ class RayPool:
         self.stats = LiveStats(lanes=sum(len(s.lanes) for s in specs))
         self.errors: dict[int, str] = {}
         self.hosts: dict[int, str] = {}
+        self.nodes: dict[int, str] = {}  # worker -> Ray node id
+        self._received: dict[int, int] = {}  # worker -> bytes of its records file gathered
+        self._done: set[int] = set()
         self.actors: list = []
         self._refs: list = []
         self._deltas: list[int] = []
@@ -199,6 +220,9 @@ class RayPool:
         files_ref = ray.put(files)
         for s, a, c in zip(self.specs, self.actors, clocks):
             self.hosts[s.worker] = c["host"]
+            self.nodes[s.worker] = c["node"]
+            self._received[s.worker] = 0
+            open(s.records_path, "wb").close()  # records are appended as they arrive
             # same host: same monotonic clock; else local = driver + (driver off - actor off)
             d = 0 if c["host"] == me["host"] else me["offset_ns"] - c["offset_ns"]
             self._deltas.append(d)
@@ -222,19 +246,20 @@ class RayPool:
             for s, ref, d in zip(self.specs, self._refs, self._deltas):
                 try:
                     res, recs = await ref
-                except Exception as exc:  # an actor crashed: report it, keep the others
-                    self.errors[s.worker] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                except Exception as exc:  # an actor or its node died: report it, keep the others
+                    self._done.add(s.worker)
+                    self.errors[s.worker] = (f"{type(exc).__name__} on Ray node "
+                                             f"{self.nodes[s.worker][:12]}: {str(exc)[:300]}")
                     continue
+                self._done.add(s.worker)
                 r = DriveResult(**{k: v for k, v in res.items() if k in names})
+                r.host = f"{r.host}/{self.nodes[s.worker][:12]}"  # one entry per Ray node
                 if d:  # actor clock -> driver clock
                     r.t_start_ns -= d
                     r.t_end_ns -= d
                     r.warmup_end_ns -= d
                     r.first_done_ns -= d if r.first_done_ns else 0
-                    recs = b"".join(shift_record_line(ln, -d) for ln in recs.splitlines()
-                                    if ln.strip())
-                with open(s.records_path, "wb") as f:
-                    f.write(recs)
+                self._append(s, recs[self._received[s.worker]:], d)
                 out.append(r)
         finally:
             poll.cancel()
@@ -242,16 +267,33 @@ class RayPool:
                 self.ray.kill(a)
         return out
 
+    def _append(self, s: DriveSpec, data: bytes, delta_ns: int) -> None:
+        """Add an actor's record lines to its spec's file, in this process's clock."""
+        self._received[s.worker] += len(data)
+        if delta_ns:
+            data = b"".join(shift_record_line(ln, -delta_ns) for ln in data.splitlines()
+                            if ln.strip())
+        with open(s.records_path, "ab") as f:
+            f.write(data)
+
     async def _poll(self) -> None:
+        """Live stats and the records finished so far, from every actor still running."""
         while True:
             await asyncio.sleep(STATS_EVERY_S)
-            try:
-                vals = await asyncio.gather(*[a.stats.remote() for a in self.actors])
-            except Exception:  # an actor died; its error surfaces in wait()
-                continue
-            for s, v in zip(self.specs, vals):
-                if v is not None:
+            live = [(s, a, d) for s, a, d in zip(self.specs, self.actors, self._deltas)
+                    if s.worker not in self._done]
+            offsets = [self._received[s.worker] for s, _, _ in live]
+            vals = await asyncio.gather(*[a.stats.remote() for _, a, _ in live],
+                                        *[a.records_since.remote(o)
+                                          for (_, a, _), o in zip(live, offsets)],
+                                        return_exceptions=True)  # a dead actor: see wait()
+            for (s, _, d), v, recs, o in zip(live, vals, vals[len(live):], offsets):
+                if isinstance(v, dict):
                     self._per_worker[s.worker] = v
+                # wait() may have taken the final records meanwhile: never append twice
+                if isinstance(recs, bytes) and recs and s.worker not in self._done \
+                        and self._received[s.worker] == o:
+                    self._append(s, recs, d)
             self._merge_stats()
 
 

@@ -5,6 +5,7 @@ wires the command: the option list lives in agentx/config.py and agentx/sim/conf
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .config import RunConfig
 from .options import add_arguments, build, flag_namer, values_from_args
@@ -42,6 +43,24 @@ def main(args: argparse.Namespace) -> int:
     print_summary(summary)
     print(f"results: {summary['output_dir']}/summary.json, requests.jsonl")
     v = summary.get("validation") or {}
-    if cfg.validation == "strict" and v.get("verdict") == "fail":
-        return 3
-    return 0
+    for w in v.get("warnings") or []:
+        print(f"agentx: warning: {w}", file=sys.stderr)
+    code = exit_code(summary, cfg.validation)
+    if code == EXIT_ABORTED:
+        print(f"agentx: {summary['stop_reason']}", file=sys.stderr)
+    return code
+
+
+EXIT_FAILED, EXIT_ABORTED, EXIT_INTERRUPTED = 3, 4, 130  # 2: bad input (errors.InputError)
+
+
+def exit_code(summary: dict, validation: str) -> int:
+    """The run's exit status (table in docs/reliability.md): an error-rate abort and a signal
+    are reported whatever --validate says; a failed verdict only under --validate strict."""
+    stop = summary.get("stop_reason") or ""
+    if stop.startswith("aborted"):
+        return EXIT_ABORTED
+    if stop == "signal":
+        return EXIT_INTERRUPTED
+    verdict = (summary.get("validation") or {}).get("verdict")
+    return EXIT_FAILED if validation == "strict" and verdict == "fail" else 0

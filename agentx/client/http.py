@@ -24,7 +24,7 @@ from .sse import StreamDecoder
 from .wire import HTTPClient, HTTPError, RequestBody
 
 __all__ = ["ClientConfig", "HTTPClient", "chat_body", "completion_body", "first_model",
-           "get_json", "make_session", "post_json", "stream_request"]
+           "get_json", "make_session", "post_json", "probe_error", "stream_request"]
 
 perf_ns = time.perf_counter_ns
 
@@ -50,15 +50,33 @@ async def post_json(session: HTTPClient | aiohttp.ClientSession, url: str, body:
         return orjson.loads(await r.read())
 
 
-async def first_model(session: HTTPClient | aiohttp.ClientSession,
-                      base_url: str) -> tuple[str, int | None]:
-    """The first model the server lists, and its max_model_len when it says."""
-    data = await get_json(session, base_url.rstrip("/") + "/v1/models")
+async def first_model(session: HTTPClient | aiohttp.ClientSession, base_url: str,
+                      timeout_s: float | None = None) -> tuple[str, int | None]:
+    """The first model the server lists, and its max_model_len when it says. `timeout_s`
+    bounds the whole probe (connect, headers, body): the session's per-read timeout is meant
+    for long streams, and a server that accepts the connection but never answers would
+    otherwise hold start-up for that long."""
+    kw = {"timeout": aiohttp.ClientTimeout(total=timeout_s)} if timeout_s else {}
+    data = await get_json(session, base_url.rstrip("/") + "/v1/models", **kw)
     models = data.get("data") or []
     if not models:
         raise RuntimeError(f"{base_url}/v1/models lists no model")
     m = models[0]
     return m["id"], m.get("max_model_len")
+
+
+def probe_error(exc: BaseException, what: str, timeout_s: float | None) -> str:
+    """One line saying which start-up probe failed and how, for an InputError."""
+    if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
+        return (f"no answer to {what} within {timeout_s:g} s (the server accepts connections "
+                "but does not respond; raise --connect-timeout if it is only slow)")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        why = "connection refused" if isinstance(exc.os_error, ConnectionRefusedError) \
+            else exc.os_error.strerror or str(exc.os_error)
+        return f"cannot connect for {what}: {why} (is the server running at this address?)"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return f"{what} answered HTTP {exc.status} {exc.message}"
+    return f"{what} failed: {type(exc).__name__}: {exc}"
 
 
 def chat_body(cfg: ClientConfig, messages: list[dict], max_tokens: int) -> dict:

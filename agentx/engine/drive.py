@@ -108,7 +108,8 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
                         max_requests=spec.max_requests, warmup_s=r.warmup_fixed_s(),
                         warmup_auto=r.warmup_auto(), ramp_up_s=r.ramp_up(),
                         think_scale=r.think_scale, max_think_s=r.max_think_s,
-                        drain_timeout_s=r.drain_timeout_s, max_model_len=spec.max_model_len)
+                        drain_timeout_s=r.drain_timeout_s, max_model_len=spec.max_model_len,
+                        max_error_rate=r.max_error_rate, error_window=r.error_window)
     writer = RecordWriter(spec.records_path)
     lag = LoopLagSampler()
     async with make_session(spec.client, len(spec.lanes)) as session:

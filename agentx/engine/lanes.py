@@ -14,8 +14,9 @@ every lane's first request has ended (`first_done_ns`), --duration then counting
 Stopping: at --duration or --max-requests no new request starts; in-flight requests finish
 within --drain-timeout, the rest are cancelled and recorded as `cancelled`. From outside (a
 signal, the parent of a worker process, a Ray driver) the one way in is `request_stop()`:
-the same drain, or with force=True the cancellation at once. Every request that started is
-recorded exactly once.
+the same drain, or with force=True the cancellation at once; a failure share above
+--max-error-rate forces it too (engine/abort.py). Every request that started is recorded
+exactly once.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from ..prompt.synth import Conversation, PreparedTurn, SynthConfig
 from ..prompt.token_model import TokenModel
 from ..records import RequestRecord, assemble
 from ..trace.model import Subagent, Trace, Turn
+from .abort import ErrorWindow
 
 perf_ns = time.perf_counter_ns
 NEVER = 1 << 62  # an auto warm-up's end until it is known (no request is sent that late)
@@ -50,6 +52,8 @@ class EngineConfig:
     drain_timeout_s: float = 30.0
     prime: bool = True  # send the turn before the start turn as a warm-up request
     max_model_len: int | None = None
+    max_error_rate: float = 0.0  # abort above this failure share (engine/abort.py); 0: never
+    error_window: int = 50
 
 
 class Sender(Protocol):
@@ -110,13 +114,14 @@ class Engine:
         self._first_pending: set[int] = set()
         self._timer: asyncio.TimerHandle | None = None
         self.stop_reason = ""
+        self._errors = ErrorWindow(cfg.max_error_rate, cfg.error_window)
 
     # -- control ----------------------------------------------------------------------------
-    def request_stop(self, force: bool = False) -> None:
+    def request_stop(self, force: bool = False, reason: str = "signal") -> None:
         """Stop the run from outside. The first call starts no new request and lets in-flight
         ones finish within cfg.drain_timeout_s; force=True (at any time) cancels them now.
         Repeating a call is harmless; must run on the engine's loop."""
-        self._end("signal")
+        self._end(reason)
         if force and not self._forced:
             self._forced = True
             self._cancel_inflight()
@@ -316,6 +321,9 @@ class Engine:
             self._inflight.pop(rid, None)
             self.stats.in_flight -= 1
             self.stats.note(rec)
+            abort = self._errors.note(rec.ok, rec.error)
+            if abort:  # the server fails most requests: stop now, cancel the rest
+                self.request_stop(force=True, reason=abort)
             self._first_ended(lane)
             res = self.on_record(rec)
             if asyncio.iscoroutine(res):

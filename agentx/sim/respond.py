@@ -62,7 +62,10 @@ class ResponseWriter:
                      so: dict, fault: str | None) -> web.StreamResponse:
         resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream; charset=utf-8",
                                                        "Cache-Control": "no-cache"})
-        await resp.prepare(request)
+        try:
+            await resp.prepare(request)
+        except ConnectionError:  # the client left while the headers were held (slow-headers)
+            return resp
         headers_ns = time.perf_counter_ns()
         created = int(time.time())
         include_usage = bool(so.get("include_usage", False))

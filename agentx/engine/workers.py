@@ -6,6 +6,10 @@ Each worker is a separate process with its own uvloop and aiohttp session, runni
 (CLOCK_MONOTONIC is system-wide, so their timestamps are comparable). Each writes its own
 records file, merged by start time at the end. The parent forwards stop requests through two
 Events (drain, force) and gathers live counters through a Queue for the progress display.
+
+A worker dies with its parent (agentx.lifeline: parent-death signal and a watchdog thread): an
+orphan force-stops its lanes, keeps the records it flushed (merged by the next `agentx report`)
+and exits without touching the Queue, whose reader is gone (a full pipe would block its exit).
 """
 from __future__ import annotations
 
@@ -14,16 +18,20 @@ import contextlib
 import multiprocessing as mp
 import os
 import queue
+import signal
+import threading
 from dataclasses import asdict, fields
 
 import orjson
 
 from .. import aio
+from ..lifeline import parent_alive, set_parent_death_signal, watch_parent
 from .drive import DriveResult, DriveSpec, drive
 from .lanes import Engine, LiveStats
 
 LANES_PER_WORKER = 128  # one uvloop process keeps its loop lag low up to about this many
 STATS_EVERY_S = 0.5
+ORPHAN_EXIT_S = 5.0  # an orphan still running this long after its parent died exits anyway
 
 
 def usable_cores() -> int:
@@ -53,23 +61,39 @@ def merge_live(s: LiveStats, vals: list[dict]) -> None:
     s.recent_tpot_ms = [x for v in vals for x in v["recent_tpot_ms"][-128:]]
 
 
-def _worker_entry(spec: DriveSpec, stop_evt, force_evt, q) -> None:
+def _worker_entry(spec: DriveSpec, stop_evt, force_evt, q, parent_pid: int) -> None:
     """Process entry point: run drive() (uvloop when installed); report counters and the
     result. Stops come from this process's own signals (a terminal's Ctrl-C reaches the
-    whole process group) and from the parent's events, all through Engine.request_stop."""
+    whole process group), from the parent's events and from the parent's death, all through
+    Engine.request_stop."""
+    set_parent_death_signal(signal.SIGTERM)  # SIGTERM kills it until the engine handles it
+    orphan = threading.Event()
+    engine_box: list[Engine] = []
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    def on_orphan() -> None:
+        orphan.set()
+        if not engine_box:  # nothing sent yet: nothing to keep
+            os._exit(1)
+        with contextlib.suppress(RuntimeError):  # loop already closed: exiting anyway
+            loops[0].call_soon_threadsafe(engine_box[0].request_stop, True)
+
+    watch_parent(parent_pid, on_orphan, exit_after=ORPHAN_EXIT_S)
 
     async def main() -> DriveResult:
-        engine_box: list[Engine] = []
         loop = asyncio.get_running_loop()
+        loops.append(loop)
 
         def on_engine(engine: Engine) -> None:
             engine_box.append(engine)
-            aio.install_stop_signals(loop, engine.request_stop)
+            # a SIGTERM that finds the parent gone is the parent-death signal: stop at once
+            aio.install_stop_signals(
+                loop, lambda force: engine.request_stop(force or not parent_alive(parent_pid)))
 
         async def watch() -> None:
-            while True:
+            while not orphan.is_set():
                 await asyncio.sleep(STATS_EVERY_S)
-                if engine_box:
+                if engine_box and not orphan.is_set():
                     e = engine_box[0]
                     q.put(("stats", spec.worker, asdict(e.stats)))
                     if stop_evt.is_set() or force_evt.is_set():
@@ -84,9 +108,14 @@ def _worker_entry(spec: DriveSpec, stop_evt, force_evt, q) -> None:
 
     try:
         result = aio.run(main())
-        q.put(("done", spec.worker, asdict(result)))
+        if not orphan.is_set():
+            q.put(("done", spec.worker, asdict(result)))
     except BaseException as exc:  # report, never hang the parent
-        q.put(("error", spec.worker, f"{type(exc).__name__}: {exc}"))
+        if not orphan.is_set():
+            q.put(("error", spec.worker, f"{type(exc).__name__}: {exc}"))
+    if orphan.is_set() or not parent_alive(parent_pid):
+        q.cancel_join_thread()  # nobody reads the queue any more
+        os._exit(1)
 
 
 class WorkerPool:
@@ -98,7 +127,7 @@ class WorkerPool:
         self.stop_evt, self.force_evt = ctx.Event(), ctx.Event()
         self.q = ctx.Queue()
         self.procs = [ctx.Process(target=_worker_entry,
-                                  args=(s, self.stop_evt, self.force_evt, self.q),
+                                  args=(s, self.stop_evt, self.force_evt, self.q, os.getpid()),
                                   name=f"agentx-worker-{s.worker}", daemon=True) for s in specs]
         self.stats = LiveStats(lanes=sum(len(s.lanes) for s in specs))
         self._per_worker: dict[int, dict] = {}

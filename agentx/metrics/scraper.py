@@ -7,20 +7,26 @@ and the run goes on; the validator reports missing metrics instead.
 A scrape costs 10-40 ms of Python (HTTP, then parsing a 50 KB page), which on the
 event loop that timestamps streamed tokens delays every chunk arriving meanwhile.
 ``ScraperThread`` runs a scraper on an event loop of its own thread instead.
+
+With ``out_path`` each successful scrape is also appended to that file (metrics.jsonl) as one
+complete line, one write(2) each, as it is taken: a run killed mid-way keeps its series.
 """
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
+from pathlib import Path
 from typing import Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
+import orjson
 
 from agentx.aio import cancel_and_wait
 from agentx.metrics import server_metrics as sm
 from agentx.metrics.prom import SampleKey, Snapshot, parse_metrics
+from agentx.records import write_line
 
 # Short keys for the time series kept in results → (sample name, how engines combine).
 SERIES_KEYS: dict[str, tuple[str, str]] = {
@@ -68,7 +74,8 @@ class MetricsScraper:
 
     def __init__(self, session: aiohttp.ClientSession | None, url: str,
                  interval_s: float = 5.0, headers: dict | None = None,
-                 timeout_s: float = 10.0, parse_in_thread: bool = True) -> None:
+                 timeout_s: float = 10.0, parse_in_thread: bool = True,
+                 out_path: str | Path | None = None) -> None:
         if interval_s <= 0:
             raise ValueError("interval_s must be > 0")
         self.url = metrics_url(url)
@@ -86,6 +93,7 @@ class MetricsScraper:
         self._task: asyncio.Task | None = None
         self._keys: dict[SampleKey, SampleKey] = {}
         self._parse_in_thread = parse_in_thread  # False when already off the benchmark loop
+        self._out = open(out_path, "wb", buffering=0) if out_path is not None else None
 
     @property
     def available(self) -> bool:
@@ -116,6 +124,8 @@ class MetricsScraper:
             self._record_error(t0, exc)
             return None
         self.series.append(snap.reduced(_series_sample, self._keys))
+        if self._out is not None:
+            write_line(self._out, orjson.dumps(self._row(self.series[-1])) + b"\n")
         return snap
 
     def _record_error(self, t: float, exc: BaseException) -> None:
@@ -146,6 +156,8 @@ class MetricsScraper:
         if self._own_session and self._session is not None:
             await self._session.close()
             self._session = None
+        if self._out is not None:
+            self._out.close()
 
     def compute(self, model_name: str | None = None) -> dict:
         """``server_metrics`` for the scraped window (see server_metrics.compute)."""
@@ -162,18 +174,14 @@ class MetricsScraper:
         key is read as a raw sample name summed over label sets. A value is
         None when that scrape did not expose it.
         """
-        keys = list(SERIES_KEYS) if keys is None else list(keys)
-        if not self.series:
-            return []
-        t0 = self.series[0].t
-        rows = []
-        for snap in self.series:
-            row: dict = {"t": round(snap.t - t0, 3), "wall": snap.wall}
-            for key in keys:
-                name, how = SERIES_KEYS.get(key, (key, "sum"))
-                row[key] = snap.mean(name) if how == "mean" else snap.sum(name)
-            rows.append(row)
-        return rows
+        return [self._row(snap, keys) for snap in self.series]
+
+    def _row(self, snap: Snapshot, keys: Sequence[str] | None = None) -> dict:
+        row: dict = {"t": round(snap.t - self.series[0].t, 3), "wall": snap.wall}
+        for key in SERIES_KEYS if keys is None else keys:
+            name, how = SERIES_KEYS.get(key, (key, "sum"))
+            row[key] = snap.mean(name) if how == "mean" else snap.sum(name)
+        return row
 
 
 class ScraperThread:
@@ -181,9 +189,9 @@ class ScraperThread:
     `start()` / `stop()` are awaited there, the results are read after `stop()`."""
 
     def __init__(self, url: str, interval_s: float = 5.0, headers: dict | None = None,
-                 timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 10.0, out_path: str | Path | None = None) -> None:
         self.scraper = MetricsScraper(None, url, interval_s, headers, timeout_s,
-                                      parse_in_thread=False)
+                                      parse_in_thread=False, out_path=out_path)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 

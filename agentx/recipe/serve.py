@@ -5,7 +5,9 @@ it is the leader of a new process group and everything it forks (vLLM's engine c
 workers) stays in that group. Stopping sends SIGTERM to the group, then SIGKILL after a grace
 period, then kills any descendant that left the group. `ServerHandle` is a context manager,
 so an exception or Ctrl-C in the caller (sweep, `agentx serve`) still stops the server.
-(No PR_SET_PDEATHSIG: it needs a preexec_fn, which is unsafe in a process running threads.)
+A SIGKILLed agentx runs no cleanup: a guard process (agentx.recipe.guard) watching a pipe from
+agentx stops the groups then. (Not PR_SET_PDEATHSIG: it needs a preexec_fn, unsafe in a
+process running threads, and would reach the group leader only.)
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -75,6 +78,26 @@ def stop_group(proc: subprocess.Popen, grace: float) -> int | None:
     return proc.returncode
 
 
+def start_guard(pgids: Sequence[int], grace: float) -> subprocess.Popen:
+    """The guard that stops these process groups if this process dies (see guard.py); its
+    own session, so a Ctrl-C at the terminal does not reach it."""
+    return subprocess.Popen([sys.executable, "-m", "agentx.recipe.guard", str(grace),
+                             *map(str, pgids)], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def release_guard(guard: subprocess.Popen | None) -> None:
+    """The groups are stopped: tell the guard, which then exits without touching them."""
+    if guard is None or guard.poll() is not None:
+        return
+    with contextlib.suppress(OSError):  # BrokenPipeError: it is gone already
+        guard.stdin.write(b"stopped\n")
+        guard.stdin.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        guard.wait(timeout=5)
+
+
 @dataclass
 class ServerHandle:
     proc: subprocess.Popen
@@ -85,6 +108,7 @@ class ServerHandle:
     rendered: Rendered | None = None
     sidecars: list[subprocess.Popen] = field(default_factory=list)
     grace_s: float = 20.0
+    guard: subprocess.Popen | None = None
 
     @property
     def pgid(self) -> int:
@@ -99,6 +123,7 @@ class ServerHandle:
         rc = stop_group(self.proc, self.grace_s)
         for p in self.sidecars:
             stop_group(p, self.grace_s)
+        release_guard(self.guard)
         return rc
 
     def log_tail(self, lines: int = 40) -> str:
@@ -165,7 +190,8 @@ def start(argv: Sequence[str], env: dict[str, str], *, base_url: str, workdir: P
             stop_group(p, grace_s)
         raise ServerStartError(f"cannot start {e.filename}: not installed or not on PATH") \
             from None
-    handle = ServerHandle(proc, base_url, log_path, workdir, sidecars=started, grace_s=grace_s)
+    handle = ServerHandle(proc, base_url, log_path, workdir, sidecars=started, grace_s=grace_s,
+                          guard=start_guard([p.pid for p in (*started, proc)], grace_s))
     tail = LogTail(log_path, on_log)
     deadline = time.monotonic() + health_timeout
     try:

@@ -62,6 +62,32 @@ def read_jsonl(path: Path) -> tuple[list[dict], int]:
     return rows, bad
 
 
+def drop_partial_line(path: Path) -> bool:
+    """Cut a last line that has no newline (its writer was killed mid-write): every line left
+    is whole. Lines are written whole with one write(2) each, so this is the only way to
+    find half a line."""
+    if not path.exists():
+        return False
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return False
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return False
+        pos, keep = size, 0
+        while pos > 0:  # back to the last newline, 64 KiB at a time
+            start = max(0, pos - (1 << 16))
+            f.seek(start)
+            i = f.read(pos - start).rfind(b"\n")
+            if i >= 0:
+                keep = start + i + 1
+                break
+            pos = start
+        f.truncate(keep)
+    return True
+
+
 def is_run_dir(path: Path) -> bool:
     return (path / SUMMARY).exists() or (path / REQUESTS).exists() \
         or any(path.glob(WORKER_GLOB))
@@ -109,6 +135,8 @@ def load_run(run_dir: Path, *, gpus: int | None = None, slo: dict | None = None)
     """Load a run; rebuild (and write) summary.json when the run left none. With `slo`, a run
     that recorded no goodput (or other SLOs) gets it computed from its records, in memory."""
     notes = []
+    if drop_partial_line(run_dir / REQUESTS):
+        notes.append(f"dropped the cut-off last line of {REQUESTS} (its writer was killed)")
     merged = merge_worker_files(run_dir)
     if merged:
         notes.append(f"merged {merged} unmerged worker record file(s) into {REQUESTS}")

@@ -282,3 +282,44 @@ def test_sigint_is_interrupted_not_pass(tmp_path):
     if summary["completed"] == 0 and summary["cancelled"]:
         assert any(f"no request completed: {summary['cancelled']} cancelled" in r
                    for r in v["reasons"]), v["reasons"]
+
+
+# --- the two rules the exit status rests on, at their edges ------------------------------------
+def test_error_window_judges_from_the_10th_and_ignores_cancelled():
+    from agentx.engine.abort import ErrorWindow
+
+    w = ErrorWindow(0.5, 50)
+    assert all(w.note(False, "connect") is None for _ in range(9))  # too few to judge
+    assert all(w.note(False, "cancelled") is None for _ in range(20))  # our own stop
+    assert w.note(True, None) == ("aborted: error rate 90% over last 10 requests "
+                                  "(most common: connect)")
+    healthy = ErrorWindow(0.5, 50)
+    outcomes = [healthy.note(i % 2 == 0, None if i % 2 == 0 else "http_503") for i in range(60)]
+    assert not any(outcomes)  # exactly half failed: not more than the limit
+    assert ErrorWindow(0.0, 50).note(False, "reset") is None  # 0 disables
+
+
+LAG = {"p50": 0.3, "p99": 1.0}
+
+
+@pytest.mark.parametrize("lag,cpu,wait,itl,ttft,verdict", [
+    (LAG, 0.05, 0.0, 7.0, 400.0, None),  # a quiet run
+    ({"p50": 0.3, "p99": 10.5}, 0.05, 70.0, 7.3, 400.0, "warn:client load"),  # loaded machine
+    ({"p50": 4.4, "p99": 95.0}, 0.08, 517.0, 0.0, 73.0, "warn:machine load"),  # others' load
+    ({"p50": 9.0, "p99": 20.0}, 0.95, 0.0, 7.0, 400.0, "fail"),  # the client's own work
+    ({"p50": 9.0, "p99": 20.0}, 0.10, 300.0, 7.0, 60.0, "fail"),  # > 10% of TTFT p50 too
+])
+def test_client_bound_rule(lag, cpu, wait, itl, ttft, verdict):
+    from agentx.metrics.client_bound import client_bound
+
+    client = {"loop_lag_ms": lag, "cpu_util": cpu, "runqueue_wait_ms_per_s": wait}
+    fails, warns = client_bound(client, itl, ttft)
+    if verdict is None:
+        assert fails == [] and warns == []
+    elif verdict == "fail":
+        assert len(fails) == 1 and fails[0].startswith("client-bound: event-loop lag p50")
+        assert warns == []
+    else:
+        assert fails == [] and len(warns) == 1 and warns[0].startswith(verdict[5:])
+    # an explicit threshold is the strict p99 rule
+    assert bool(client_bound(client, itl, ttft, threshold_ms=5.0)[0]) == (lag["p99"] > 5.0)

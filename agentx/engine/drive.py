@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import socket
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Awaitable, Callable
 
 from ..client.http import ClientConfig, make_session
 from ..config import RunConfig
@@ -26,6 +26,8 @@ from ..trace.model import TraceSet
 from .lanes import Engine, EngineConfig
 from .selfmon import LoopLagSampler
 from .sender import ChatSender, TokenIdsSender
+
+PRECONNECT_S = 2.0  # open connections for the lanes that start this soon (early_lanes)
 
 
 @dataclass
@@ -93,7 +95,8 @@ def token_model_from_info(info: dict, thinking: str | None) -> TokenModel:
 
 
 async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = None,
-                tm: TokenModel | None = None, traces: TraceSet | None = None) -> DriveResult:
+                tm: TokenModel | None = None, traces: TraceSet | None = None,
+                ready: Callable[[], Awaitable[int]] | None = None) -> DriveResult:
     """Run this process's lanes; `tm` and `traces` are passed in-process to avoid rebuilding
     them (workers rebuild both from the spec)."""
     r = spec.run
@@ -121,12 +124,15 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
         if on_engine:
             on_engine(engine)
         tm.factory.prepare()  # the block tape (~0.2 s) now, not in the first request
+        # the first requests' connections now, before the start (HTTPClient.preconnect)
+        await session.preconnect(sender.url, early_lanes(spec.lanes, r.conc, r.ramp_up()))
         # A full collection walks every tracked object: with the real traces loaded that is
         # ~1 s during which no timestamp is taken. Frozen objects are never walked.
         gc.freeze()
         lag.start()
         try:
-            await engine.run(spec.t0_ns)
+            # a worker reports ready and gets the shared start instant (workers.StartGate)
+            await engine.run(await ready() if ready else spec.t0_ns)
         finally:
             await lag.stop()
             writer.close()
@@ -136,6 +142,14 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
                        engine.stop_reason, st.max_sessions_active,
                        lag.lags_ms, lag.cpu_util, socket.gethostname(), lag.runqueue_wait_ms_per_s,
                        cache_model.evictions, engine.first_done_ns)
+
+
+def early_lanes(lanes: list[int], conc: int, ramp_s: float, within_s: float = PRECONNECT_S) -> int:
+    """How many of `lanes` start within `within_s` of the run's start (lane i at i x ramp /
+    conc): the connections worth opening beforehand. An idle one is closed by the server
+    after its keep-alive timeout: vLLM's is 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, vllm/envs.py;
+    uvicorn's own default timeout_keep_alive is 5 s too, uvicorn/config.py)."""
+    return sum(1 for lane in lanes if lane * ramp_s / conc < within_s)
 
 
 def split_lanes(conc: int, workers: int) -> list[list[int]]:

@@ -20,6 +20,7 @@ import os
 import queue
 import signal
 import threading
+import time
 from dataclasses import asdict, fields
 
 import orjson
@@ -61,7 +62,32 @@ def merge_live(s: LiveStats, vals: list[dict]) -> None:
     s.recent_tpot_ms = [x for v in vals for x in v["recent_tpot_ms"][-128:]]
 
 
-def _worker_entry(spec: DriveSpec, stop_evt, force_evt, q, parent_pid: int) -> None:
+class StartGate:
+    """Workers start together once every one is ready: spawned, imports done, traces parsed,
+    tokenizer and block tape built, connections opened. That takes seconds (~20 s per process
+    for the built-in traces on a loaded 2-core host); a fixed delay either wastes it or, when
+    start-up outlasts it, starts a late worker inside the measured window, its lanes bunched
+    together while the other workers' start-up takes the cores."""
+
+    MARGIN_S = 0.25  # last worker ready -> shared start: every worker is awake by then
+
+    def __init__(self, ctx) -> None:
+        self.go = ctx.Event()
+        self.t0 = ctx.Value("q", 0, lock=False)
+
+    def open(self, t0_ns: int) -> None:
+        if not self.go.is_set():
+            self.t0.value = t0_ns
+            self.go.set()
+
+    async def wait(self) -> int:
+        """In a worker: the shared start instant, once the parent opens the gate."""
+        await asyncio.get_running_loop().run_in_executor(None, self.go.wait)
+        return self.t0.value
+
+
+def _worker_entry(spec: DriveSpec, stop_evt, force_evt, q, parent_pid: int,
+                  gate: StartGate | None = None) -> None:
     """Process entry point: run drive() (uvloop when installed); report counters and the
     result. Stops come from this process's own signals (a terminal's Ctrl-C reaches the
     whole process group), from the parent's events and from the parent's death, all through
@@ -99,9 +125,13 @@ def _worker_entry(spec: DriveSpec, stop_evt, force_evt, q, parent_pid: int) -> N
                     if stop_evt.is_set() or force_evt.is_set():
                         e.request_stop(force_evt.is_set())
 
+        async def ready() -> int:
+            q.put(("ready", spec.worker, None))
+            return await gate.wait()
+
         w = asyncio.create_task(watch())
         try:
-            return await drive(spec, on_engine)
+            return await drive(spec, on_engine, ready=ready if gate else None)
         finally:
             w.cancel()
             aio.remove_stop_signals(loop)
@@ -126,8 +156,10 @@ class WorkerPool:
         ctx = mp.get_context("spawn")
         self.stop_evt, self.force_evt = ctx.Event(), ctx.Event()
         self.q = ctx.Queue()
+        self.gate = StartGate(ctx)
         self.procs = [ctx.Process(target=_worker_entry,
-                                  args=(s, self.stop_evt, self.force_evt, self.q, os.getpid()),
+                                  args=(s, self.stop_evt, self.force_evt, self.q, os.getpid(),
+                                        self.gate),
                                   name=f"agentx-worker-{s.worker}", daemon=True) for s in specs]
         self.stats = LiveStats(lanes=sum(len(s.lanes) for s in specs))
         self._per_worker: dict[int, dict] = {}
@@ -143,6 +175,7 @@ class WorkerPool:
         self.stop_evt.set()
         if force:
             self.force_evt.set()
+        self.gate.open(time.perf_counter_ns())  # workers still starting begin, then stop
 
     def _merge_stats(self) -> None:
         merge_live(self.stats, list(self._per_worker.values()))
@@ -150,8 +183,11 @@ class WorkerPool:
     async def wait(self) -> list[DriveResult]:
         loop = asyncio.get_running_loop()
         pending = {s.worker for s in self.specs}
+        waiting = set(pending)  # not yet ready to start
         names = {f.name for f in fields(DriveResult)}
         while pending:
+            if not waiting & pending:
+                self.gate.open(time.perf_counter_ns() + int(StartGate.MARGIN_S * 1e9))
             try:
                 kind, w, payload = await loop.run_in_executor(None, self.q.get, True, 1.0)
             except queue.Empty:
@@ -160,7 +196,9 @@ class WorkerPool:
                         self.errors[s.worker] = f"worker exited with code {p.exitcode}"
                         pending.discard(s.worker)
                 continue
-            if kind == "stats":
+            if kind == "ready":
+                waiting.discard(w)
+            elif kind == "stats":
                 self._per_worker[w] = payload
                 self._merge_stats()
             elif kind == "done":

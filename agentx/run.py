@@ -217,7 +217,7 @@ async def _token_model(cfg: RunConfig, session: Any, base_url: str, model: str,
                              field="--tokenizer")
         tm = hf_model(cfg.tokenizer, kw)
         return tm, {"mode": "hf", "tokenizer": cfg.tokenizer, "overhead": tm.overhead,
-                    "generation_prompt": tm.generation_prompt}
+                    "generation_prompt": tm.generation_prompt, "build": tm.build}
     if embedded:
         return builtin_model(), {"mode": "builtin"}
     from .prompt.calibrate import calibrated_model

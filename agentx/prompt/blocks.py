@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import random
 from array import array
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -57,7 +57,7 @@ class _Tape:
     char offset of token i. Pure integer hashing (no RNG library), so every process and host
     builds the same tape."""
 
-    __slots__ = ("text", "starts", "newline", "n")
+    __slots__ = ("text", "starts", "newline", "index", "n")
 
     def __init__(self, words: Sequence[str], n: int = TAPE_TOKENS) -> None:
         nw = len(words)
@@ -84,14 +84,23 @@ class _Tape:
         self.text = "".join(toks.tolist())
         self.starts = array("I", starts.tobytes())
         self.newline = bytes(newline)
+        # word index of every token (len(words) = the newline): token-exact mode maps it to
+        # the tokenizer's ids, so a block's ids are a slice, never a tokenizer call
+        self.index = idx.astype(np.uint16 if nw < 65535 else np.uint32)
         self.n = n
 
-    def window(self, seed: int, count: int) -> str:
-        """`count` consecutive tokens that neither start nor end with a newline."""
+    def offset(self, seed: int, count: int) -> int:
+        """Start of the `count` consecutive tokens of `seed`: they neither start nor end with a
+        newline."""
         nl = self.newline
         off = seed % (self.n - count - 32)
         while nl[off] or nl[off + count - 1]:  # newlines are >= 5 words apart: a few steps
             off += 1
+        return off
+
+    def window(self, seed: int, count: int) -> str:
+        """The text of `offset(seed, count)`'s tokens."""
+        off = self.offset(seed, count)
         s = self.starts
         return self.text[s[off]:s[off + count]]
 
@@ -149,12 +158,15 @@ class BlockFactory:
         mixed with the id (a blake2b per block would cost more than making the block)."""
         if type(hash_id) is not int:
             return stable_seed(namespace, hash_id)
+        return mix64(self._ns_base(namespace) ^ (hash_id & M64))
+
+    def _ns_base(self, namespace: str) -> int:
         base = self._ns_seed.get(namespace)
         if base is None:
             if len(self._ns_seed) > 65536:
                 self._ns_seed.clear()
             base = self._ns_seed[namespace] = stable_seed(namespace)
-        return mix64(base ^ (hash_id & M64))
+        return base
 
     def _make(self, seed: int, units: int) -> str:
         """units-1 tokens (words and single newlines), then a closing newline; a one-unit
@@ -167,35 +179,99 @@ class BlockFactory:
 
     def _generate(self, seed: int, units: int) -> str:
         """Word by word, for blocks longer than a tape window (never hit by 64-token blocks)."""
+        table = (*self.words, "\n")
+        return "".join([table[i] for i in self._generate_index(seed, units)])
+
+    def _generate_index(self, seed: int, units: int) -> list[int]:
+        """Word indices of `_generate`'s block (len(words) = a newline)."""
         rng = random.Random(seed)
-        words = self.words
-        nw = len(words)
-        out: list[str] = []
+        nw = len(self.words)
+        out: list[int] = []
         line = 0
         line_len = rng.randint(5, 13)
         last = units - 2
         for i in range(units - 1):
             if line >= line_len and i < last:
-                out.append("\n")
+                out.append(nw)
                 line = 0
                 line_len = rng.randint(5, 13)
             else:
-                out.append(words[rng.randrange(nw)])
+                out.append(rng.randrange(nw))
                 line += 1
-        out.append("\n")
-        return "".join(out)
+        out.append(nw)
+        return out
 
-    def span(self, namespace: str, ids: Sequence[object], n_tokens: int, block_size: int) -> str:
-        """Text of exactly n_tokens from consecutive blocks `ids` (extended with derived ids
-        when the ids cover fewer tokens than asked, cut at the last block when more)."""
-        parts = []
+    @staticmethod
+    def _blocks(ids: Sequence[object], n_tokens: int, block_size: int) -> Iterator[tuple[object, int]]:
+        """(hash_id, tokens) of a span's consecutive blocks: `ids` extended with derived ids
+        when they cover fewer tokens than asked, cut at the last block when more."""
         left = n_tokens
         i = 0
-        text = self.text
         while left > 0:
-            hid = ids[i] if i < len(ids) else ("x", ids[-1] if ids else None, i)
             take = min(block_size, left)
-            parts.append(text(namespace, hid, take))
+            yield (ids[i] if i < len(ids) else ("x", ids[-1] if ids else None, i)), take
             left -= take
             i += 1
-        return "".join(parts)
+
+    def span(self, namespace: str, ids: Sequence[object], n_tokens: int, block_size: int) -> str:
+        """Text of exactly n_tokens from consecutive blocks `ids` (see `_blocks`)."""
+        text = self.text
+        return "".join([text(namespace, hid, take) for hid, take in self._blocks(ids, n_tokens, block_size)])
+
+    def span_index(self, namespace: str, ids: Sequence[object], n_tokens: int,
+                   block_size: int) -> np.ndarray:
+        """Word indices (len(words) = a newline) of `span`'s tokens, one per token. With a
+        tokenizer whose words are single tokens the span's token ids are a lookup of these, so
+        token-exact mode builds prompts without tokenizing. Vectorised over blocks (same seeds
+        and tape windows as `span`): a 130k-token span costs a few ms, not one Python step per
+        block."""
+        if self.tokens_per_word != 1.0:
+            raise ValueError("span_index needs one token per word (an exact token model)")
+        if n_tokens <= 0:
+            return np.zeros(0, dtype=np.uint32)
+        nb = -(-n_tokens // block_size)
+        takes = np.full(nb, block_size, dtype=np.int64)
+        takes[-1] = n_tokens - block_size * (nb - 1)
+        seeds = self._seeds(namespace, ids, nb)
+        tape, nw = self.tape, len(self.words)
+        counts = takes - 1  # tape tokens of each block; its closing newline is added below
+        win = (counts >= 1) & (counts <= self._max_window)
+        off = np.zeros(nb, dtype=np.int64)
+        if win.any():
+            c = counts[win]
+            o = (seeds[win] % (tape.n - c - 32).astype(np.uint64)).astype(np.int64)
+            nl = np.frombuffer(tape.newline, dtype=np.uint8)
+            bad = (nl[o] | nl[o + c - 1]).astype(bool)
+            while bad.any():  # as _Tape.offset: step past newlines (>= 5 words apart)
+                o[bad] += 1
+                bad = (nl[o] | nl[o + c - 1]).astype(bool)
+            off[win] = o
+        ends = np.cumsum(takes)
+        starts = ends - takes
+        pos = np.arange(n_tokens, dtype=np.int64) + np.repeat(off - starts, takes)
+        out = tape.index[np.minimum(pos, tape.n - 1)].astype(np.uint32)
+        out[ends - 1] = nw  # every block of two or more tokens closes with a newline
+        for j in np.flatnonzero(takes == 1):  # a one-token block is a single word
+            out[starts[j]] = int(seeds[j]) % nw
+        for j in np.flatnonzero(counts > self._max_window):  # longer than a tape window
+            out[starts[j]:ends[j]] = self._generate_index(int(seeds[j]), int(takes[j]))
+        return out
+
+    def _seeds(self, namespace: str, ids: Sequence[object], nb: int) -> np.ndarray:
+        """`seed` of each of a span's nb blocks (ids as `_blocks` extends them), vectorised
+        for the common integer ids."""
+        seeds = np.empty(nb, dtype=np.uint64)
+        k = min(nb, len(ids))
+        try:
+            head = np.asarray(ids[:k]) if k else None
+        except (ValueError, OverflowError, TypeError):  # tuple ids among them
+            head = None
+        if head is not None and head.ndim == 1 and head.dtype.kind in "iu":
+            seeds[:k] = _mix64_np(head.astype(np.uint64) ^ np.uint64(self._ns_base(namespace)))
+        else:
+            for j in range(k):
+                seeds[j] = self.seed(namespace, ids[j])
+        last = ids[-1] if len(ids) else None
+        for j in range(k, nb):
+            seeds[j] = self.seed(namespace, ("x", last, j))
+        return seeds

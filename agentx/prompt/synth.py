@@ -20,7 +20,7 @@ unless --warm-cache), the trace id and the session instance. With --shared-prefi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..trace.model import Trace, Turn
 from ..trace.weka import common_prefix
@@ -57,6 +57,10 @@ class Conversation:
     model: TokenModel
     messages: list[dict] = field(default_factory=list)
     content_tokens: list[int] = field(default_factory=list)
+    # how each message's content was made: [(namespace, hash_ids, n_tokens), ...] spans of
+    # BlockFactory.span, or the literal text; token-exact mode rebuilds its ids from this
+    content_specs: list = field(default_factory=list)
+    wire: Any = None  # the sender's per-conversation state (token-exact: SessionIds)
     prev_ids: list = field(default_factory=list)
     prev_in: int = 0
     pending_out: int = 0  # tokens of the last answer not yet in history
@@ -99,17 +103,24 @@ class Conversation:
         sys_ns = f"{self.cfg.run_ns}/shared-system" if shared != "none" else self.ns
         tool_ns = f"{self.cfg.run_ns}/shared-tools" if shared == "system+tools" else self.ns
         f = self.model.factory
-        text = f.span(sys_ns, ["sys", *ids[:n_sys_blocks]], sys_c, bs)
+        spans = [(sys_ns, ["sys", *ids[:n_sys_blocks]], sys_c)]
         if tool_t:
-            text += f.span(tool_ns, ["tools", *ids[n_sys_blocks:n_sys_blocks + n_tool_blocks]],
-                           tool_t, bs)
+            spans.append((tool_ns, ["tools", *ids[n_sys_blocks:n_sys_blocks + n_tool_blocks]],
+                          tool_t))
+        text = "".join([f.span(ns, hids, n, bs) for ns, hids, n in spans])
         self.messages = [{"role": "system", "content": text}]
         self.content_tokens = [sys_c + tool_t]
+        self.content_specs = [spans]
         self._skip_blocks = n_sys_blocks + n_tool_blocks
 
-    def _append(self, role: str, text: str, n: int) -> None:
+    def _append(self, role: str, text: str, n: int, spec: Any) -> None:
         self.messages.append({"role": role, "content": text})
         self.content_tokens.append(n)
+        self.content_specs.append(spec)
+
+    def _span(self, ns: str, ids: Sequence, n: int) -> tuple[str, list]:
+        """Text of a one-span message and its spec."""
+        return self.model.factory.span(ns, ids, n, self.trace.block_size), [(ns, ids, n)]
 
     def _current_tokens(self, with_gen: bool = True) -> int:
         tm = self.model
@@ -138,14 +149,13 @@ class Conversation:
             a_over, u_over = tm.overhead["assistant"], tm.overhead["user"]
             room = target - self._current_tokens() - a_over - u_over - 1
             a = self.pending_out if self.cfg.live_history else min(self.pending_out, max(0, room))
-            a_text = self._answer_text(a)
-            self._append("assistant", a_text, a)
+            self._append("assistant", *self._answer(a))
         user_n = target - self._current_tokens() - tm.overhead["user"]
         if user_n < 1:
             user_n = 1  # the trace's growth cannot hold the history: prompt runs long (counted)
         self._last_user_ids = list(new_ids) or [("u", self.own_ns, index)]
-        text = self.model.factory.span(self.ns, self._last_user_ids, user_n, bs)
-        self._append("user", text, user_n)
+        text, spec = self._span(self.ns, self._last_user_ids, user_n)
+        self._append("user", text, user_n, spec)
         expected = min(target, self._scale(common * bs)) if self.prev_ids else 0
         self.prev_ids, self.turn_index = ids, index
         intended = self._current_tokens()
@@ -162,11 +172,12 @@ class Conversation:
         ns = self.ns
         return [("shared", i) if i < n_shared else (ns, h) for i, h in enumerate(ids)]
 
-    def _answer_text(self, n: int) -> str:
+    def _answer(self, n: int) -> tuple[str, int, Any]:
+        """(text, tokens, spec) of the last turn's answer as it joins history."""
         if self.cfg.live_history and self._live_text is not None:
-            return self._live_text
-        return self.model.factory.span(self.own_ns, [("a", self.turn_index)], n,
-                                       self.trace.block_size)
+            return self._live_text, n, self._live_text
+        text, spec = self._span(self.own_ns, [("a", self.turn_index)], n)
+        return text, n, spec
 
     def answered(self, out_tokens: int, live_text: str | None = None) -> None:
         """Record the answer of the last turn: it joins history before the next user message."""
@@ -177,7 +188,7 @@ class Conversation:
         """Grow (delta > 0) or shrink the last user message by delta tokens (exact mode)."""
         old = self.content_tokens[-1]
         n = max(1, old + delta)
-        text = self.model.factory.span(self.ns, self._last_user_ids, n, self.trace.block_size)
+        text, self.content_specs[-1] = self._span(self.ns, self._last_user_ids, n)
         self.messages[-1] = {"role": "user", "content": text}
         self.content_tokens[-1] = n
         self.prev_in += n - old

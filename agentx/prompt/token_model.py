@@ -2,8 +2,10 @@
 
 - builtin: the embedded simulator's tokenizer; exact by construction.
 - hf: a local Hugging Face tokenizer (`--tokenizer PATH`); words are restricted to the
-  tokenizer's single-token words, template overheads are measured by rendering its chat
-  template; the engine then verifies each prompt's count and sends token ids (exact).
+  tokenizer's single-token words; the chat template is probed for pieces (exact.py) so that
+  prompts are built as token ids incrementally, or, for a template that is not linear, its
+  overheads are measured by rendering and each prompt is rendered in full; the engine checks
+  each prompt's count and sends token ids (exact).
 - calibrated: no tokenizer; the server's `/tokenize` measures the template overheads and the
   tokens-per-word ratio of our vocabulary once at start (approximate; tolerance in docs).
 """
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .blocks import BlockFactory
+from .exact import Pieces, probe_template
 from .tokenizer import BuiltinTokenizer, HFTokenizer, Message
 from .words import WORDS
 
@@ -30,6 +33,8 @@ class TokenModel:
     generation_prompt: int = 3
     base: int = 0  # tokens the template adds once (e.g. a BOS)
     tokenizer: Any = None  # Tokenizer when exact
+    pieces: Pieces | None = None  # hf: the template's pieces, when prompts build incrementally
+    build: str = ""  # hf: "incremental", or "full render: <why the template is not linear>"
 
     @property
     def exact(self) -> bool:
@@ -52,19 +57,18 @@ _WORD_RE = re.compile(r"^[a-z]{2,12}$")
 
 def single_token_words(tok: HFTokenizer, limit: int = 4000) -> list[str]:
     """Words w such that ' w' is exactly one token of this tokenizer and round-trips."""
-    out = []
-    for w in sorted(set(WORDS)):
-        if len(tok.encode(" " + w)) == 1:
-            out.append(w)
+    words = sorted(set(WORDS))
+    out = [w for w, ids in zip(words, tok.encode_many([" " + w for w in words])) if len(ids) == 1]
     # widen the vocabulary with the tokenizer's own whole-word tokens
     byte_space = "\u0120"  # byte-level BPE's marker for a leading space
-    for piece in sorted(tok.vocab()):
+    seen = set(out)
+    more = [p[1:] for p in sorted(tok.vocab())
+            if p.startswith(byte_space) and _WORD_RE.match(p[1:]) and p[1:] not in seen]
+    for w, ids in zip(more, tok.encode_many([" " + w for w in more])):
         if len(out) >= limit:
             break
-        if piece.startswith(byte_space) and _WORD_RE.match(piece[1:]):
-            w = piece[1:]
-            if w not in out and len(tok.encode(" " + w)) == 1:
-                out.append(w)
+        if len(ids) == 1:
+            out.append(w)
     return out
 
 
@@ -103,6 +107,10 @@ def hf_model(path: str, chat_template_kwargs: dict | None = None) -> TokenModel:
     words = single_token_words(tok)
     factory = BlockFactory(words)
     kw = chat_template_kwargs or {}
+    pieces, why = probe_template(tok, kw, factory)
+    if pieces is not None:
+        return TokenModel("hf", factory, {r: pieces.overhead(r) for r in ROLES}, len(pieces.gen),
+                          0, tok, pieces, "incremental")
     overhead, gen, base = measure_overheads(
         lambda msgs, g: _render_count(tok, msgs, g, kw), factory)
-    return TokenModel("hf", factory, overhead, gen, base, tok)
+    return TokenModel("hf", factory, overhead, gen, base, tok, None, f"full render: {why}")

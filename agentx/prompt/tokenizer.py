@@ -118,6 +118,10 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False)
 
+    def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
+        """encode() of each text in one batch call (the Rust tokenizer's loop, not ours)."""
+        return self._tok(list(texts), add_special_tokens=False)["input_ids"] if texts else []
+
     def count(self, text: str) -> int:
         return len(self.encode(text))
 

@@ -29,6 +29,9 @@ room left for cached ones, as in vLLM. When the held blocks alone exceed the poo
 queue or preempt), nothing is evicted until enough are released. `observe` is one request
 that finishes before the next (acquire + release); with nothing else held it takes a fast path.
 
+`TieredCache` composes two of these for a server with a KV offload connector: the GPU pool
+and the offload tier behind it (host DRAM), with the connector's lookup and store order.
+
 Cost per block (CPU time, timeit over 350-400-block prompts each extending the previous one,
 CPython 3.11 on the shared 2-core test machine): `observe` 0.16 us with int keys, 0.33 us
 with (namespace, id) tuples; `acquire` + `release` 0.57 us / 0.86 us (the engine's case: a
@@ -39,7 +42,7 @@ slower, not faster.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 
 class PrefixCache:
@@ -52,6 +55,7 @@ class PrefixCache:
         self._uncached = 0  # blocks running requests hold that never enter the cache
         self._last: Sequence[Hashable] = ()  # keys of the last fast-path observe (see observe)
         self.evictions = 0  # > 0: the working set did not fit the pool
+        self.on_evict: Callable[[Hashable], None] | None = None  # e.g. a lazy offload store
 
     def __len__(self) -> int:
         """Cached blocks (held or free)."""
@@ -75,11 +79,13 @@ class PrefixCache:
 
     def _evict(self) -> None:
         over = len(self._free) + len(self._held) + self._uncached - self.capacity
-        free = self._free
+        free, cb = self._free, self.on_evict
         while over > 0 and free:
-            free.popitem(last=False)
+            k, _ = free.popitem(last=False)
             self.evictions += 1
             over -= 1
+            if cb is not None:
+                cb(k)
 
     def acquire(self, keys: Sequence[Hashable], limit: int | None = None,
                 uncached: int = 0) -> int | None:
@@ -144,7 +150,89 @@ class PrefixCache:
         over = len(free) - cap
         if over > 0:
             self.evictions += over
+            cb = self.on_evict
             for _ in range(over):
-                free.popitem(last=False)
+                k, _ = free.popitem(last=False)
+                if cb is not None:
+                    cb(k)
         self._last = keys
         return hits
+
+    def store(self, keys: Sequence[Hashable]) -> None:
+        """Copy blocks in (an offload tier's store): each key not cached yet joins the free
+        queue's end, evicting from its front; a key already cached keeps its place (vLLM's
+        SimpleCPUOffload skips blocks already in the CPU pool, `_StoreAdmission.ALREADY_CACHED`)."""
+        if self.capacity is None:
+            return
+        self._last = ()
+        free, held = self._free, self._held
+        for k in keys:
+            if k not in free and k not in held:
+                free[k] = None
+        self._evict()
+
+    def touch(self, keys: Sequence[Hashable]) -> None:
+        """A load read these cached blocks: they move to the free queue's end in order (vLLM
+        touches the CPU blocks for the copy, then frees them in block order)."""
+        if self.capacity is None:
+            return
+        self._last = ()
+        free = self._free
+        for k in keys:
+            if k in free:
+                free.move_to_end(k)
+
+
+class TieredCache:
+    """The GPU pool and, behind it, an offload tier (host DRAM), as vLLM's offload connectors
+    use them; both are `PrefixCache`s (the SimpleCPUOffload CPU pool is itself a vLLM
+    `BlockPool` with the same free-queue order: vllm/v1/simple_kv_offload/manager.py).
+
+      * lookup: the GPU's leading hit first, then the tier's leading hit from where it ended
+        (`get_num_new_matched_tokens` matches the remaining block hashes only); the loaded
+        blocks join the request's GPU blocks and are touched in the tier;
+      * lazy store (SimpleCPUOffload `lazy_offload: true`): a GPU block is copied to the tier
+        as it nears eviction (`_prepare_lazy_store_specs` walks the GPU free queue from its
+        head), modelled as a store on GPU eviction — the tier holds what fell out of the GPU;
+      * eager store (SimpleCPUOffload's default, Mooncake): every newly computed block of a
+        request is copied, so the tier also mirrors what the GPU holds.
+
+    `acquire` returns the total hit blocks (GPU + tier); `last_tier_hits` the tier's share.
+    With no tier (capacity None or 0) this is the GPU `PrefixCache` alone."""
+
+    def __init__(self, gpu_blocks: int | None, tier_blocks: int | None = None,
+                 eager: bool = False) -> None:
+        self.gpu = PrefixCache(gpu_blocks)
+        self.tier = PrefixCache(tier_blocks) if tier_blocks and gpu_blocks is not None else None
+        self.eager = eager
+        self.last_tier_hits = 0
+        if self.tier is not None and not eager:
+            tier = self.tier
+            self.gpu.on_evict = lambda k: tier.store((k,))
+
+    @property
+    def capacity(self) -> int | None:
+        return self.gpu.capacity
+
+    @property
+    def evictions(self) -> int:
+        """GPU evictions: > 0 means the working set did not fit the GPU pool."""
+        return self.gpu.evictions
+
+    def acquire(self, keys: Sequence[Hashable], limit: int | None = None,
+                uncached: int = 0) -> int | None:
+        tier = self.tier
+        if tier is None:
+            return self.gpu.acquire(keys, limit, uncached)
+        n = len(keys) if limit is None else min(limit, len(keys))
+        dev = self.gpu._hits(keys, 0, n)
+        host = tier._hits(keys, dev, n) - dev
+        tier.touch(keys[dev:dev + host])
+        self.gpu.acquire(keys, limit, uncached)  # lazy: GPU evictions store into the tier here
+        if self.eager:
+            tier.store(keys[dev + host:])
+        self.last_tier_hits = host
+        return dev + host
+
+    def release(self, keys: Sequence[Hashable], uncached: int = 0) -> None:
+        self.gpu.release(keys, uncached)

@@ -26,9 +26,9 @@ from .engine.workers import WorkerPool, auto_workers, merge_records, usable_core
 from .errors import InputError
 from .metrics.goodput import goodput
 from .metrics.server_metrics import kv_pool
+from .metrics.summary import dist, summarize
 from .metrics.tiers import resolve as resolve_tier
 from .metrics.tiers import tier_theory
-from .metrics.summary import dist, summarize
 from .metrics.window import Window, measurement_window, server_throughput
 from .outdir import check_output_dir, create_output_dir
 from .plan import split_count

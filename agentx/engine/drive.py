@@ -15,7 +15,7 @@ from typing import Awaitable, Callable
 from ..client.http import ClientConfig, make_session
 from ..config import RunConfig
 from ..plan import Planner
-from ..prefix_cache import PrefixCache
+from ..prefix_cache import TieredCache
 from ..prompt.blocks import BlockFactory
 from ..prompt.synth import SynthConfig
 from ..prompt.token_model import TokenModel, builtin_model, hf_model
@@ -45,6 +45,8 @@ class DriveSpec:
     max_model_len: int | None
     pool_blocks: int | None
     t0_ns: int | None = None
+    offload_blocks: int | None = None  # the offload tier behind the pool (None: no tier)
+    offload_eager: bool = False  # the tier stores every computed block, not only evicted ones
     worker: int = 0
 
 
@@ -118,7 +120,7 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
     async with make_session(spec.client, len(spec.lanes)) as session:
         sender_cls = TokenIdsSender if tm.kind == "hf" else ChatSender
         sender = sender_cls(session, spec.client, keep_text=r.live_history)
-        cache_model = PrefixCache(spec.pool_blocks)
+        cache_model = TieredCache(spec.pool_blocks, spec.offload_blocks, spec.offload_eager)
         engine = Engine(Planner(traces, r.seed, r.start_min, r.start_max), synth, tm,
                         sender, ecfg, writer.write, cache_model)
         if on_engine:

@@ -27,7 +27,7 @@ from typing import Awaitable, Callable, Protocol
 
 from ..client.facts import StreamFacts
 from ..plan import Planner, split_count
-from ..prefix_cache import PrefixCache
+from ..prefix_cache import PrefixCache, TieredCache
 from ..prompt.synth import Conversation, PreparedTurn, SynthConfig
 from ..prompt.token_model import TokenModel
 from ..records import RequestRecord, assemble
@@ -97,7 +97,7 @@ class Engine:
     def __init__(self, planner: Planner, synth: SynthConfig, token_model: TokenModel,
                  sender: Sender, cfg: EngineConfig,
                  on_record: Callable[[RequestRecord], None | Awaitable[None]],
-                 cache_model: PrefixCache | None = None) -> None:
+                 cache_model: PrefixCache | TieredCache | None = None) -> None:
         self.planner, self.synth, self.tm = planner, synth, token_model
         self.cache_model = cache_model or PrefixCache(None)
         self.sender, self.cfg, self.on_record = sender, cfg, on_record
@@ -281,9 +281,12 @@ class Engine:
         keys = conv.block_keys(step.hash_ids)
         pool_hit_blocks = self.cache_model.acquire(keys)
         expected = prepared.expected_cached if warm else 0
+        expected_offload = 0
         if pool_hit_blocks is not None:  # the server's pool is known: its eviction order
             bs_tokens = conv.trace.block_size * self.synth.context_scale
             expected_pool = min(prepared.intended_in, int(pool_hit_blocks * bs_tokens))
+            tier_blocks = getattr(self.cache_model, "last_tier_hits", 0)
+            expected_offload = min(expected_pool, int(tier_blocks * bs_tokens))
         else:
             expected_pool = expected
         max_tokens = prepared.max_tokens
@@ -296,7 +299,8 @@ class Engine:
                             subagent=subagent, kind="prime" if prime else "turn",
                             intended_send_ns=intended, isl_intended=prepared.intended_in,
                             osl_intended=max_tokens,
-                            cached_expected=expected, cached_expected_pool=expected_pool)
+                            cached_expected=expected, cached_expected_pool=expected_pool,
+                            cached_expected_offload=expected_offload)
         prepared.max_tokens = max_tokens
         self.stats.started += 1
         self.stats.in_flight += 1

@@ -62,6 +62,8 @@ def summarize(records: list[dict], *, window_s: float, gpus: int | None = None,
                                      if theo_in else None),
             "theoretical_hit_rate_pool": (sum(r.get("cached_expected_pool", 0) for r in meas)
                                           / theo_in if theo_in else None),
+            "theoretical_hit_rate_offload": (sum(r.get("cached_expected_offload", 0) for r in meas)
+                                             / theo_in if theo_in else None),
             "kv_pool_tokens": kv_pool_tokens,
             "cached_tokens": cached,
             "reported_by": len(with_cache),

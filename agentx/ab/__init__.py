@@ -1,0 +1,1 @@
+"""`agentx ab`: two server configurations, the same traffic, and whether the difference is real."""

@@ -1,0 +1,48 @@
+"""ab.json and the console table of an A/B comparison."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+VERDICT_STYLE = {"a_better": "[bold]A better[/bold]", "b_better": "[bold]B better[/bold]",
+                 "no_difference": "no difference"}
+
+
+def write_json(doc: dict, path: Path) -> Path:
+    path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    return path
+
+
+def _f(v: float | None, pct: bool = False) -> str:
+    if v is None:
+        return "-"
+    return f"{100 * v:.1f}%" if pct else f"{v:,.1f}" if abs(v) >= 10 else f"{v:,.3g}"
+
+
+def print_ab(doc: dict, console: Console | None = None) -> None:
+    """One row per metric: A, B, B - A with its 95% interval, B / A, verdict."""
+    console = console or Console()
+    t = Table(title=f"agentx ab — A: {doc['a'].get('spec')}  B: {doc['b'].get('spec')}")
+    for c in ("metric", "A", "B", "B - A", "95% CI", "B / A", "verdict"):
+        t.add_column(c, justify="left" if c in ("metric", "verdict") else "right",
+                     no_wrap=c in ("95% CI", "verdict"))
+    for m in doc["metrics"].values():
+        pct = m["label"] == "achieved hit rate"
+        ci = f"[{_f(m['ci_low'], pct)}, {_f(m['ci_high'], pct)}]"
+        ratio = "-" if m["ratio"] is None else f"{m['ratio']:.3f}"
+        t.add_row(m["label"], _f(m["a"], pct), _f(m["b"], pct), _f(m["diff"], pct), ci, ratio,
+                  VERDICT_STYLE[m["verdict"]])
+    t.caption = "95% CI: bootstrap interval of B - A, resampling sessions"
+    console.print(t)
+    for name in ("a", "b"):
+        s = doc[name]
+        console.print(f"{name.upper()}: {s.get('kind', '?')} {s.get('base_url', '')}, "
+                      f"{s['completed']} requests in {doc['sessions'][name]} sessions, "
+                      f"validation {', '.join(str(v) for v in s['validation'])}; runs: "
+                      + ", ".join(s["runs"]))
+    b = doc["bootstrap"]
+    console.print(f"intervals: {b['replicates']} bootstrap replicates resampling sessions "
+                  f"(seed {b['seed']}); verdict = the interval of B - A excludes 0")

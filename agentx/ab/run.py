@@ -1,0 +1,102 @@
+"""Drive both sides of an A/B comparison through `agentx.run` and compare them.
+
+Each side's runs use the same options (trace, seed, lanes, duration; repeat i uses seed + i - 1
+on both sides) and differ only in the server. Every run sends its own cache salt (a fresh one
+per run), so neither side can hit the other's cache, even on one server. Sides run one after
+the other (A's repeats, then B's), alternately with --interleave, or at the same time against
+two servers with --parallel. Results: `<out>/a/<i>/`, `<out>/b/<i>/` (a run directory each),
+`ab.json`, and `ab_cdf.png`.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+from .. import aio
+from ..errors import InputError
+from ..records import read_records
+from ..run import run, run_async
+from .sides import Side, open_side
+from .spec import ABConfig, default_ab_dir
+from .stats import compare, side_data
+
+AB_JSON = "ab.json"
+
+
+def run_ab(cfg: ABConfig) -> dict:
+    """Run both sides, write ab.json and the CDF plot; returns the ab.json document."""
+    out = Path(cfg.output_dir) if cfg.output_dir else default_ab_dir(cfg)
+    if (out / AB_JSON).exists() and not cfg.overwrite:
+        raise InputError(str(out), f"holds an A/B result already ({AB_JSON}): give "
+                         "--overwrite or another --output-dir", field="--output-dir")
+    out.mkdir(parents=True, exist_ok=True)
+    summaries: dict[str, list[dict]] = {"a": [], "b": []}
+    sides: dict[str, Side] = {}
+    with contextlib.ExitStack() as stack:
+        def side(name: str) -> Side:
+            if name not in sides:
+                sides[name] = stack.enter_context(open_side(name, getattr(cfg, name), cfg, out))
+            return sides[name]
+
+        if cfg.parallel:
+            for i in range(1, cfg.repeats + 1):
+                a, b = side("a"), side("b")
+                pair = aio.run(_both(cfg.side_config("a", i, a.base_url, a.model, out),
+                                     cfg.side_config("b", i, b.base_url, b.model, out)))
+                summaries["a"].append(pair[0])
+                summaries["b"].append(pair[1])
+        else:
+            for name, i in cfg.schedule():
+                if not cfg.interleave and name == "b" and "a" in sides:
+                    _stop_servers(sides)  # A is done: free its server before B's starts
+                s = side(name)
+                summaries[name].append(run(cfg.side_config(name, i, s.base_url, s.model, out)))
+        doc = _document(cfg, out, sides, summaries)
+    from .plot import cdf_plot
+    from .report import write_json
+
+    doc["plot"] = str(cdf_plot(doc, out / "ab_cdf.png"))
+    write_json(doc, out / AB_JSON)
+    return doc
+
+
+def _stop_servers(sides: dict[str, Side]) -> None:
+    """Stop the launched servers opened so far (stopping is idempotent: the context's exit
+    stops them again harmlessly)."""
+    for s in sides.values():
+        if s.handle is not None and s.handle.running:
+            s.handle.stop()
+
+
+async def _both(cfg_a, cfg_b) -> list[dict]:
+    return list(await asyncio.gather(run_async(cfg_a, cfg_a.base_url),
+                                     run_async(cfg_b, cfg_b.base_url)))
+
+
+def _side_summary(s: Side | None, runs: list[dict]) -> dict:
+    v = [(r.get("validation") or {}).get("verdict") for r in runs]
+    return {**(s.public() if s else {}), "runs": [r["output_dir"] for r in runs],
+            "validation": v, "completed": sum(r["completed"] for r in runs),
+            "failed": sum(r["failed"] for r in runs),
+            "window_s": sum(r["throughput"]["window_s"] for r in runs)}
+
+
+def _document(cfg: ABConfig, out: Path, sides: dict[str, Side],
+              summaries: dict[str, list[dict]]) -> dict:
+    data = {}
+    for name, runs in summaries.items():
+        recs = [rec for r in runs for rec in read_records(Path(r["output_dir"]) / "requests.jsonl")]
+        data[name] = side_data(recs, sum(r["throughput"]["window_s"] for r in runs))
+    for name, d in data.items():
+        if not d.n_sessions:
+            raise RuntimeError(f"side {name.upper()} measured no request: see "
+                               f"{summaries[name][0]['output_dir'] if summaries[name] else out}")
+    metrics = compare(data["a"], data["b"], replicates=cfg.bootstrap, seed=cfg.seed)
+    return {"a": _side_summary(sides.get("a"), summaries["a"]),
+            "b": _side_summary(sides.get("b"), summaries["b"]),
+            "sessions": {"a": data["a"].n_sessions, "b": data["b"].n_sessions},
+            "bootstrap": {"replicates": cfg.bootstrap, "level": 0.95, "resampled": "sessions",
+                          "seed": cfg.seed},
+            "metrics": metrics, "output_dir": str(out),
+            "config": cfg.public()}

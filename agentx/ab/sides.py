@@ -1,0 +1,64 @@
+"""A side of an A/B comparison: a running server, given as a URL or launched from a recipe.
+
+A recipe side is launched the way `agentx sweep` launches a point (agentx.recipe.serve), on
+vLLM when a GPU and vLLM are present, else on the simulator with the recipe's `sim_profile`
+(agentx.recipe.simargs), with any `--sim-*` flag the user gave applied on top (e.g.
+`--sim-time-scale`). The server is stopped, with its whole process group, when the side is
+closed."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..recipe.load import load_recipe
+from ..recipe.serve import ServerHandle, free_port, launch, start
+from ..recipe.simargs import sim_argv, sim_options
+from ..recipe.sweep import SweepOptions, choose_backend
+from ..urls import normalise_base_url, redact_url
+from .spec import ABConfig
+
+SIM_NOT_OVERRIDDEN = ("host", "port", "api_key")
+
+
+@dataclass
+class Side:
+    name: str  # "a" | "b"
+    spec: str  # what the user gave
+    kind: str  # url | vllm | sim
+    base_url: str
+    model: str | None = None
+    handle: ServerHandle | None = None
+
+    def public(self) -> dict:
+        return {"spec": redact_url(self.spec) if self.kind == "url" else self.spec,
+                "kind": self.kind, "base_url": redact_url(self.base_url), "model": self.model}
+
+
+def is_url(spec: str) -> bool:
+    return spec.startswith(("http://", "https://"))
+
+
+@contextlib.contextmanager
+def open_side(name: str, spec: str, cfg: ABConfig, out: Path) -> Iterator[Side]:
+    """The side's server, running until the context ends."""
+    if is_url(spec):
+        yield Side(name, spec, "url", normalise_base_url(spec))
+        return
+    recipe, path = load_recipe(spec)
+    backend, _why = choose_backend(recipe, SweepOptions(output_dir=out, sim=cfg.recipe_sim))
+    workdir = (out / f"server-{name}").resolve()
+    if backend == "vllm":
+        handle = launch(recipe, cfg.point, conc=cfg.conc, workdir=workdir,
+                        recipe_dir=path.parent, source=str(path))
+    else:
+        opts = sim_options(recipe, cfg.point, cfg.conc, recipe_dir=path.parent, source=str(path))
+        opts.update(cfg.sim.model_dump(include=cfg.sim.model_fields_set - set(SIM_NOT_OVERRIDDEN)))
+        port = free_port()
+        handle = start(sim_argv(opts, host="127.0.0.1", port=port), {}, workdir=workdir,
+                       base_url=f"http://127.0.0.1:{port}",
+                       health_timeout=recipe.health_timeout_s)
+        handle.model = opts["model_name"]
+    with handle:
+        yield Side(name, spec, backend, handle.base_url, handle.model, handle)

@@ -1,0 +1,183 @@
+"""Bootstrap confidence intervals for an A/B comparison, resampling sessions, not requests.
+
+The turns of one session share a growing context, a cache history and a lane, so their
+latencies are correlated: resampling requests one by one would treat a session's 30 turns as
+30 independent draws and give intervals that are too narrow. A replicate draws, for each side
+independently, as many sessions as that side has, with replacement, and recomputes every
+metric over all requests of the drawn sessions (a subagent's requests belong to the parent
+session); a session drawn k times weighs its requests k times, so replicates are weight
+matrices and percentiles are weighted (equal to numpy's linear rule on the repeated sample).
+The 95% interval of B - A (and of B / A) is the 2.5th and 97.5th percentile of the
+replicates' differences (the percentile bootstrap: Efron & Tibshirani, "An Introduction to the
+Bootstrap", 1993, ch. 13). The verdict says which side is better when the interval of the
+difference excludes 0, in the metric's direction; otherwise `no_difference`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..metrics.summary import measured
+
+
+@dataclass(frozen=True)
+class ABMetric:
+    name: str
+    label: str
+    higher_is_better: bool
+    # (side, per-request weights of R replicates, shape (R, n)) -> R values (nan: undefined)
+    compute: Callable[["SideData", np.ndarray], np.ndarray]
+
+
+@dataclass
+class SideData:
+    """One side's measured requests with the session each belongs to (flat arrays)."""
+
+    owner: np.ndarray  # per request: index of its session
+    n_sessions: int
+    ttft: np.ndarray
+    tpot: np.ndarray
+    e2e: np.ndarray
+    interactivity: np.ndarray
+    out_tokens: np.ndarray
+    cached: np.ndarray  # cached tokens (nan: not reported)
+    prompt: np.ndarray
+    window_s: float
+
+
+def session_key(session_id: str) -> str:
+    """A subagent's session id is its parent's plus '/agent': it belongs to the parent."""
+    return session_id.split("/", 1)[0]
+
+
+def side_data(records: Sequence[dict], window_s: float) -> SideData:
+    """Measured requests (ok, not warm-up) and their sessions."""
+    meas = measured(records)
+    ids: dict[str, int] = {}
+    owner = np.array([ids.setdefault(session_key(r["session_id"]), len(ids)) for r in meas],
+                     dtype=np.int64)
+
+    def col(key: str) -> np.ndarray:
+        return np.array([np.nan if r.get(key) is None else float(r[key]) for r in meas],
+                        dtype=float)
+
+    tpot = col("tpot_ms")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inter = np.where(tpot > 0, 1000.0 / tpot, np.nan)
+    isl = np.array([float(r["isl"] if r.get("isl") is not None else r["isl_intended"])
+                    for r in meas], dtype=float)
+    return SideData(owner=owner, n_sessions=len(ids), ttft=col("ttft_ms"), tpot=tpot,
+                    e2e=col("e2e_ms"), interactivity=inter, out_tokens=np.nan_to_num(col("osl")),
+                    cached=col("cached_tokens"), prompt=isl, window_s=max(window_s, 1e-9))
+
+
+def weights(d: SideData, rng: np.random.Generator, replicates: int) -> np.ndarray:
+    """(replicates, requests) multiplicities: each replicate draws n sessions of n with
+    replacement, and every request of a session drawn k times counts k times."""
+    n = d.n_sessions
+    counts = rng.multinomial(n, np.full(n, 1.0 / n), size=replicates)
+    return counts[:, d.owner]
+
+
+def weighted_percentile(values: np.ndarray, w: np.ndarray, q: float) -> np.ndarray:
+    """Per row of `w`: the q-th percentile of `values` each repeated w times, by numpy's
+    linear rule (dist.py) — without building the repeated samples."""
+    ok = ~np.isnan(values)
+    order = np.argsort(values[ok], kind="stable")
+    v, w = values[ok][order], w[:, ok][:, order]
+    rows, n = w.shape
+    if n == 0:
+        return np.full(rows, np.nan)
+    c = np.cumsum(w, axis=1)
+    total = c[:, -1]
+    h = np.maximum(total - 1, 0) * q / 100.0
+    lo = np.floor(h).astype(np.int64)
+    hi = np.minimum(lo + 1, np.maximum(total - 1, 0))
+    # the element holding expanded position k is the first j with c[j] > k; rows are searched
+    # at once by shifting each row's cumulative counts above the previous row's
+    shift = (np.arange(rows, dtype=np.int64) * (int(total.max()) + 1))[:, None]
+    flat = (c + shift).ravel()
+    base = np.arange(rows, dtype=np.int64) * n
+    j_lo = np.minimum(np.searchsorted(flat, lo + shift[:, 0], side="right") - base, n - 1)
+    j_hi = np.minimum(np.searchsorted(flat, hi + shift[:, 0], side="right") - base, n - 1)
+    out = v[j_lo] + (h - lo) * (v[j_hi] - v[j_lo])
+    return np.where(total > 0, out, np.nan)
+
+
+def _pct(field: str, q: float) -> Callable[[SideData, np.ndarray], np.ndarray]:
+    def f(d: SideData, w: np.ndarray) -> np.ndarray:
+        return weighted_percentile(getattr(d, field), w, q)
+    return f
+
+
+def _output_rate(d: SideData, w: np.ndarray) -> np.ndarray:
+    """Output tokens per second of the side's window (fixed: a replicate draws as many sessions
+    as the side has, so its token total is the side's in expectation)."""
+    return (w @ d.out_tokens) / d.window_s
+
+
+def _hit_rate(d: SideData, w: np.ndarray) -> np.ndarray:
+    ok = ~np.isnan(d.cached)
+    den = w[:, ok] @ d.prompt[ok]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den > 0, (w[:, ok] @ d.cached[ok]) / den, np.nan)
+
+
+METRICS: tuple[ABMetric, ...] = (
+    ABMetric("ttft_p50_ms", "TTFT p50 ms", False, _pct("ttft", 50)),
+    ABMetric("ttft_p90_ms", "TTFT p90 ms", False, _pct("ttft", 90)),
+    ABMetric("ttft_p99_ms", "TTFT p99 ms", False, _pct("ttft", 99)),
+    ABMetric("tpot_p50_ms", "TPOT p50 ms", False, _pct("tpot", 50)),
+    ABMetric("tpot_p90_ms", "TPOT p90 ms", False, _pct("tpot", 90)),
+    ABMetric("e2e_p90_ms", "E2E p90 ms", False, _pct("e2e", 90)),
+    ABMetric("output_tok_s", "output tok/s", True, _output_rate),
+    ABMetric("interactivity_p50_tok_s", "interactivity p50", True, _pct("interactivity", 50)),
+    ABMetric("hit_rate", "achieved hit rate", True, _hit_rate),
+)
+
+
+def verdict(m: ABMetric, ci_low: float | None, ci_high: float | None) -> str:
+    """b_better / a_better when the interval of B - A excludes 0, in the metric's direction."""
+    if ci_low is None or ci_high is None or ci_low <= 0 <= ci_high:
+        return "no_difference"
+    b_higher = ci_low > 0
+    return "b_better" if b_higher == m.higher_is_better else "a_better"
+
+
+def _num(x: float) -> float | None:
+    return None if np.isnan(x) else float(x)
+
+
+def _interval(x: np.ndarray, level: float) -> tuple[float | None, float | None]:
+    x = x[np.isfinite(x)]
+    if not x.size:
+        return None, None
+    lo, hi = np.percentile(x, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def compare(a: SideData, b: SideData, *, replicates: int = 2000, seed: int = 0,
+            level: float = 0.95, metrics: Sequence[ABMetric] = METRICS) -> dict:
+    """`{name: {a, b, diff, ratio, ci_low, ci_high, ratio_ci_low, ratio_ci_high, verdict}}`
+    with the percentile-bootstrap interval of B - A (ci_*) and of B / A (ratio_ci_*)."""
+    if not a.n_sessions or not b.n_sessions:
+        raise ValueError("each side needs at least one measured session")
+    rng = np.random.default_rng(seed)
+    wa, wb = weights(a, rng, replicates), weights(b, rng, replicates)
+    one_a, one_b = np.ones((1, a.owner.size), np.int64), np.ones((1, b.owner.size), np.int64)
+    out = {}
+    for m in metrics:
+        va, vb = _num(m.compute(a, one_a)[0]), _num(m.compute(b, one_b)[0])
+        ra, rb = m.compute(a, wa), m.compute(b, wb)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ci, rci = _interval(rb - ra, level), _interval(rb / ra, level)
+        out[m.name] = {
+            "label": m.label, "higher_is_better": m.higher_is_better, "a": va, "b": vb,
+            "diff": None if va is None or vb is None else vb - va,
+            "ratio": None if va in (None, 0) or vb is None else vb / va,
+            "ci_low": ci[0], "ci_high": ci[1], "ratio_ci_low": rci[0], "ratio_ci_high": rci[1],
+            "verdict": verdict(m, *ci),
+        }
+    return out

@@ -1,0 +1,70 @@
+"""The KV offload tier behind the GPU pool, as the server's /metrics describe it.
+
+The pool-aware theoretical hit rate (agentx.prefix_cache.TieredCache) needs the tier's size
+in tokens and whether it stores every block (eager) or only blocks leaving the GPU (lazy).
+Sources, first found wins:
+  * `vllm:simple_kv_offload_info{capacity_blocks, lazy_offload}` (SimpleCPUOffloadConnector,
+    vllm/v1/simple_kv_offload/metrics.py: capacity_blocks is the CPU pool's block count);
+  * `vllm:cache_config_info{num_cpu_blocks, kv_offloading_backend}` where a server fills
+    num_cpu_blocks (the simulator does; vLLM 0.32 leaves it "None", vllm/config/cache.py).
+Tokens = blocks x the GPU block size (`cache_config_info{block_size}`): the CPU pool is
+derived from the GPU's KV cache config, same block size (`_derive_cpu_config`).
+"""
+from __future__ import annotations
+
+from agentx.metrics.prom import Snapshot
+
+SIMPLE_INFO = "vllm:simple_kv_offload_info"
+CACHE_CONFIG = "vllm:cache_config_info"
+
+
+def _int(labels: dict[str, str], key: str) -> int | None:
+    try:
+        return int(float(labels[key]))
+    except (KeyError, ValueError):
+        return None  # vLLM writes "None" for unset values
+
+
+def offload_tier(snap: Snapshot | None) -> dict:
+    """{"offload_tokens", "offload_eager", "offload_source"}; tokens None when the server
+    does not say. Engines (data-parallel ranks) each have a tier: their sum."""
+    out = {"offload_tokens": None, "offload_eager": None, "offload_source": None}
+    if snap is None:
+        return out
+    block_size, backend = None, None
+    for labels, _ in snap.select(CACHE_CONFIG):
+        block_size = _int(labels, "block_size") or block_size
+        backend = labels.get("kv_offloading_backend") or backend
+    if not block_size:
+        return out
+    info = [(labels, _int(labels, "capacity_blocks")) for labels, _ in snap.select(SIMPLE_INFO)]
+    info = [(labels, n) for labels, n in info if n]
+    if info:
+        lazy = all(labels.get("lazy_offload", "").lower() == "true" for labels, _ in info)
+        return {"offload_tokens": sum(n for _, n in info) * block_size, "offload_eager": not lazy,
+                "offload_source": SIMPLE_INFO}
+    cpu = [n for labels, _ in snap.select(CACHE_CONFIG) if (n := _int(labels, "num_cpu_blocks"))]
+    if cpu:
+        # Mooncake stores every computed block (eager); SimpleCPUOffload defaults to eager too
+        return {"offload_tokens": sum(cpu) * block_size, "offload_eager": True,
+                "offload_source": CACHE_CONFIG}
+    return out
+
+
+def resolve(offload_tokens: int | None, snap: Snapshot | None) -> dict:
+    """The tier the theory models: `--offload-tokens` when given (store mode from the server
+    where it says, else lazy, SimpleCPUOffload's recipe setting), else what /metrics say."""
+    seen = offload_tier(snap)
+    if offload_tokens is None:
+        return seen
+    return {"offload_tokens": offload_tokens, "offload_eager": bool(seen["offload_eager"]),
+            "offload_source": "--offload-tokens"}
+
+
+def tier_theory(cache: dict) -> dict[str, float] | None:
+    """Theoretical hit rate per tier ({"gpu", "offload"}) when an offload tier was modelled."""
+    total, off = cache.get("theoretical_hit_rate_pool"), cache.get("theoretical_hit_rate_offload")
+    if not cache.get("offload_tokens") or not cache.get("kv_pool_tokens") or total is None \
+            or off is None:
+        return None
+    return {"gpu": total - off, "offload": off}

@@ -1,0 +1,193 @@
+"""`agentx ab`: the bootstrap by hand on known distributions, and end to end on simulator
+processes over real HTTP — offload on vs off with a working set larger than the GPU pool
+(B better on TTFT, both sides validated against their own pool-aware theory), and identical
+configurations that must not be called different."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentx.ab.stats import METRICS, compare, session_key, side_data, weighted_percentile, weights
+from agentx.cli import main
+from agentx.recipe.serve import start
+from helpers import free_port, write_trace
+
+# a toy GPU pool of 12,288 tokens (768 blocks of 16); the trace's sessions grow to ~5,000
+# tokens, so 8 lanes need ~36k: the GPU alone thrashes. max_num_seqs 2 keeps what running
+# requests hold within the pool.
+SIM = ["--profile", "cpu-tiny", "--kv-pool-tokens", "12288", "--max-num-seqs", "2",
+       "--time-scale", "2"]
+OFFLOAD = ["--kv-offload", "simple-cpu", "--offload-gb", "1"]  # ~244k tokens of CPU tier
+
+
+# ------------------------------------------------------------------- bootstrap by hand
+def _records(rng: np.random.Generator, sessions: int, per: int, ttft_ms: float, tag: str,
+             spread: float = 10.0) -> list[dict]:
+    """`sessions` sessions of `per` requests; each session has its own level (sessions differ
+    more than requests within one do, as in a real replay)."""
+    out = []
+    for s in range(sessions):
+        level = ttft_ms + rng.normal(0, spread)
+        for i in range(per):
+            ttft = max(1.0, level + rng.normal(0, spread / 4))
+            out.append({"ok": True, "warmup": False, "session_id": f"{tag}-s{s}" + ("/sub" if i == 2 else ""),
+                        "ttft_ms": ttft, "tpot_ms": 5.0 + rng.normal(0, 0.2), "e2e_ms": ttft + 100,
+                        "osl": 20, "isl": 1000, "isl_intended": 1000, "cached_tokens": 900})
+    return out
+
+
+def test_clear_difference_gets_a_verdict_in_each_metrics_direction():
+    rng = np.random.default_rng(1)
+    a = side_data(_records(rng, 30, 5, 100.0, "a"), window_s=10.0)
+    b = side_data(_records(rng, 30, 5, 50.0, "b"), window_s=5.0)  # same tokens in half the time
+    m = compare(a, b, replicates=500, seed=0)
+    assert m["ttft_p50_ms"]["verdict"] == "b_better"  # lower is better
+    assert m["ttft_p50_ms"]["ci_high"] < 0 < m["ttft_p50_ms"]["a"] - m["ttft_p50_ms"]["b"]
+    assert m["output_tok_s"]["verdict"] == "b_better"  # higher is better
+    assert m["output_tok_s"]["ratio"] == pytest.approx(2.0)
+    swapped = compare(b, a, replicates=500, seed=0)
+    assert swapped["ttft_p50_ms"]["verdict"] == "a_better"
+    assert swapped["output_tok_s"]["verdict"] == "a_better"
+
+
+def test_same_distribution_is_no_difference():
+    rng = np.random.default_rng(2)
+    verdicts = []
+    for _ in range(20):
+        a = side_data(_records(rng, 30, 5, 100.0, "a"), window_s=10.0)
+        b = side_data(_records(rng, 30, 5, 100.0, "b"), window_s=10.0)
+        verdicts.append(compare(a, b, replicates=300, seed=0)["ttft_p50_ms"]["verdict"])
+    assert verdicts.count("no_difference") >= 17  # a 95% interval: ~1 in 20 may miss
+
+
+def test_resampling_keeps_a_sessions_requests_together():
+    """A replicate holds whole sessions (a subagent's requests with its parent's): every request
+    of a session counts as often as its session was drawn, and n sessions are drawn of n."""
+    rng = np.random.default_rng(3)
+    d = side_data(_records(rng, 12, 6, 100.0, "x"), window_s=1.0)
+    assert d.n_sessions == 12 and session_key("x-s1/sub") == "x-s1"
+    w = weights(d, rng, 200)
+    for s in range(12):
+        mine = w[:, d.owner == s]
+        assert mine.shape[1] == 6 and (mine == mine[:, :1]).all()
+    assert (w.sum(axis=1) == 12 * 6).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=25), st.integers(0, 2**31),
+       st.sampled_from([0, 10, 50, 90, 99, 100]))
+def test_weighted_percentile_is_the_percentile_of_the_repeated_sample(values, seed, q):
+    v = np.array(values)
+    w = np.random.default_rng(seed).integers(0, 4, size=(4, v.size))
+    got = weighted_percentile(v, w, q)
+    for row, g in zip(w, got):
+        rep = np.repeat(v, row)
+        assert np.isnan(g) if rep.size == 0 else g == pytest.approx(np.percentile(rep, q))
+
+
+def test_session_resampling_is_wider_than_request_resampling():
+    """Sessions at different levels: resampling requests as if independent would understate
+    the uncertainty of a percentile; resampling sessions does not."""
+    rng = np.random.default_rng(4)
+    recs = _records(rng, 20, 10, 100.0, "a", spread=30.0)
+    by_session = side_data(recs, window_s=1.0)
+    by_request = side_data([{**r, "session_id": f"r{i}"} for i, r in enumerate(recs)], 1.0)
+    width = {}
+    for name, d in (("session", by_session), ("request", by_request)):
+        m = compare(d, d, replicates=400, seed=0)["ttft_p50_ms"]
+        width[name] = m["ci_high"] - m["ci_low"]
+    assert width["session"] > 1.5 * width["request"]
+
+
+def test_every_metric_is_reported():
+    rng = np.random.default_rng(5)
+    d = side_data(_records(rng, 10, 3, 100.0, "a"), window_s=1.0)
+    m = compare(d, d, replicates=100, seed=0)
+    assert set(m) == {x.name for x in METRICS}
+    for v in m.values():
+        assert {"a", "b", "diff", "ratio", "ci_low", "ci_high", "verdict"} <= set(v)
+
+
+# ------------------------------------------------------------------- end to end
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory) -> Path:
+    return write_trace(tmp_path_factory.mktemp("ab") / "tr", sessions=30, turns=8, think=0.0,
+                       out=20)
+
+
+def _sim(tmp: Path, name: str, extra: list[str]):
+    port = free_port()
+    argv = [sys.executable, "-m", "agentx.sim", "--host", "127.0.0.1", "--port", str(port),
+            *SIM, *extra]
+    return start(argv, {}, base_url=f"http://127.0.0.1:{port}", workdir=tmp / name,
+                 health_timeout=60)
+
+
+def _ab(trace: Path, out: Path, a: str, b: str, *extra: str) -> dict:
+    rc = main(["ab", "--a", a, "--b", b, "--trace", str(trace), "--conc", "8",
+               "--no-progress", "-o", str(out), "--scrape-interval", "1", "--bootstrap", "500",
+               "--validate", "warn", *extra])
+    assert rc == 0
+    return json.loads((out / "ab.json").read_text())
+
+
+def test_offload_on_beats_off_and_both_sides_validate(tmp_path, trace):
+    with _sim(tmp_path, "off", []) as off, _sim(tmp_path, "on", OFFLOAD) as on:
+        doc = _ab(trace, tmp_path / "ab", off.base_url, on.base_url, "--duration", "8")
+    m = doc["metrics"]
+    assert m["ttft_p50_ms"]["verdict"] == "b_better", m["ttft_p50_ms"]
+    assert m["hit_rate"]["verdict"] == "b_better"
+    assert doc["a"]["validation"] == ["pass"] and doc["b"]["validation"] == ["pass"]
+    # B passed against the tiered theory, with its hits from the offload tier
+    b = json.loads((Path(doc["b"]["runs"][0]) / "summary.json").read_text())
+    assert b["cache"]["offload_source"] == "vllm:simple_kv_offload_info"
+    (check,) = [c for c in b["validation"]["checks"] if c["name"] == "prefix_hit_rate"]
+    assert check["ok"] and check["tiers"]["offload"]["expected"] > 0.5
+    a = json.loads((Path(doc["a"]["runs"][0]) / "summary.json").read_text())
+    assert a["cache"]["working_set_exceeds_pool"] and not a["cache"]["offload_tokens"]
+    # ab.json schema, the run directories and the plot
+    for v in m.values():
+        assert {"a", "b", "diff", "ratio", "ci_low", "ci_high", "verdict"} <= set(v)
+        assert v["verdict"] in ("a_better", "b_better", "no_difference")
+    assert doc["bootstrap"]["resampled"] == "sessions"
+    for side in ("a", "b"):
+        assert (Path(doc[side]["runs"][0]) / "requests.jsonl").stat().st_size > 0
+    png = Path(doc["plot"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_identical_configurations_are_no_difference(tmp_path, trace):
+    """Two identical servers side by side (--parallel: both sides meet the same machine load),
+    five seeds: TTFT p50 is called different at most once (a 95% interval)."""
+    verdicts = []
+    with _sim(tmp_path, "s1", OFFLOAD) as s1, _sim(tmp_path, "s2", OFFLOAD) as s2:
+        for seed in range(1, 6):
+            doc = _ab(trace, tmp_path / f"ab{seed}", s1.base_url, s2.base_url, "--parallel",
+                      "--duration", "4", "--seed", str(seed))
+            verdicts.append(doc["metrics"]["ttft_p50_ms"]["verdict"])
+    assert verdicts.count("no_difference") >= 4, verdicts
+
+
+def test_recipe_sides_on_the_simulator(tmp_path, trace):
+    """A recipe side is launched (here on the simulator with the recipe's sim_profile, the
+    --sim-* flags given on top) and stopped with its process group when done."""
+    doc = _ab(trace, tmp_path / "ab", "tiny-cpu", "tiny-cpu", "--recipe-sim",
+              "--sim-time-scale", "5", "--duration", "3", "--conc", "2", "--bootstrap", "200")
+    for side in ("a", "b"):
+        assert doc[side]["kind"] == "sim" and doc[side]["model"] == "tiny"
+        assert doc[side]["completed"] > 0
+        log = (tmp_path / "ab" / f"server-{side}" / "server.log").read_text()
+        assert "profile cpu-tiny" in log and "time_scale 5" in log
+
+
+def test_a_side_that_is_neither_url_nor_recipe_is_one_line_exit_2(tmp_path, trace, capsys):
+    rc = main(["ab", "--a", "no-such-recipe", "--b", "http://127.0.0.1:9", "--trace", str(trace),
+               "-o", str(tmp_path / "ab")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "no-such-recipe" in err

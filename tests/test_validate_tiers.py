@@ -1,0 +1,69 @@
+"""Offload-aware validation: the tier the theory models (from /metrics or --offload-tokens) and
+the prefix-hit check against the tiered theory, per tier where the server reports tiers."""
+from __future__ import annotations
+
+from agentx.metrics.prom import parse_metrics
+from agentx.metrics.tiers import offload_tier, resolve, tier_theory
+from agentx.metrics.validate import Expectations, validate
+
+CACHE = ('# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size="16",'
+         'engine="0",kv_offloading_backend="native",num_cpu_blocks="None",'
+         'num_gpu_blocks="1000"} 1.0\n')
+SIMPLE = ('# TYPE vllm:simple_kv_offload_info gauge\nvllm:simple_kv_offload_info{backend="cpu",'
+          'capacity_blocks="5000",engine="0",lazy_offload="true",page_cache="false"} 1.0\n')
+
+
+def test_tier_from_simple_cpu_offload_info():
+    t = offload_tier(parse_metrics(CACHE + SIMPLE))
+    assert t == {"offload_tokens": 80_000, "offload_eager": False,
+                 "offload_source": "vllm:simple_kv_offload_info"}
+    eager = offload_tier(parse_metrics(CACHE + SIMPLE.replace('"true"', '"false"')))
+    assert eager["offload_eager"] is True
+
+
+def test_no_tier_when_the_server_does_not_say_unless_given():
+    assert offload_tier(parse_metrics(CACHE))["offload_tokens"] is None  # num_cpu_blocks None
+    assert offload_tier(None)["offload_tokens"] is None
+    given = resolve(123_456, parse_metrics(CACHE))
+    assert given["offload_tokens"] == 123_456 and given["offload_source"] == "--offload-tokens"
+    assert resolve(None, parse_metrics(CACHE + SIMPLE))["offload_tokens"] == 80_000
+
+
+def _summary(achieved: float, dev_hits: float, ext_hits: float) -> dict:
+    cache = {"achieved_hit_rate": achieved, "theoretical_hit_rate": 0.95,
+             "theoretical_hit_rate_pool": 0.80, "theoretical_hit_rate_offload": 0.60,
+             "kv_pool_tokens": 16_000, "offload_tokens": 80_000}
+    sm = {"available": True, "prefix_cache": {"hits": dev_hits, "queries": 1e6},
+          "external_cache": {"hits": ext_hits, "queries": 1e6}}
+    return {"completed": 10, "failed": 0, "cache": cache, "server_metrics": sm}
+
+
+def _check(s: dict) -> dict:
+    exp = Expectations(theoretical_hit_rate=s["cache"]["theoretical_hit_rate_pool"],
+                       tier_hit_rates=tier_theory(s["cache"]), required_families=[],
+                       require_complete_window=False)
+    (c,) = [c for c in validate(s, exp)["checks"] if c["name"] == "prefix_hit_rate"]
+    return c
+
+
+def test_offload_hits_pass_against_the_tiered_theory():
+    """The issue's case: hits that come from the tier pass when the theory counts the tier."""
+    c = _check(_summary(0.78, dev_hits=200_000, ext_hits=580_000))
+    assert c["ok"] is True
+    assert abs(c["tiers"]["gpu"]["measured"] - 0.2) < 0.01
+    assert abs(c["tiers"]["offload"]["measured"] - 0.58) < 0.01
+    assert tier_theory(_summary(0, 0, 0)["cache"]) == {"gpu": 0.8 - 0.6, "offload": 0.6}
+
+
+def test_right_total_from_the_wrong_tier_fails_per_tier():
+    """Total as the theory says, but all of it from the GPU: the offload tier did not work."""
+    c = _check(_summary(0.80, dev_hits=800_000, ext_hits=0))
+    assert c["ok"] is False
+    assert "offload tier hit rate 0.000 vs theoretical 0.600" in c["reason"]
+
+
+def test_without_a_tier_the_check_is_the_pool_total_alone():
+    s = _summary(0.80, dev_hits=800_000, ext_hits=0)
+    s["cache"]["offload_tokens"] = None
+    c = _check(s)
+    assert c["ok"] is True and "tiers" not in c

@@ -16,5 +16,6 @@ class InputError(Exception):
         where = self.source
         if self.line is not None:
             where += f":{self.line}"
-        fld = f" field '{self.field}'" if self.field else ""
-        return f"error: {where}:{fld} {self.message}".replace(":  ", ": ")
+        fld = f" field {self.field!r}" if self.field else ""  # repr: a key may hold a newline
+        line = f"error: {where}:{fld} {self.message}".replace(":  ", ": ")
+        return line.replace("\r", "\\r").replace("\n", "\\n")  # one line, always

@@ -49,8 +49,14 @@ def load_model(text: str, model: type[M], source: str) -> M:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        raise InputError(source, f"not valid YAML ({getattr(e, 'problem', None) or e})",
+        why = getattr(e, "problem", None) or " ".join(str(e).split())  # one line
+        raise InputError(source, f"not valid YAML ({why})",
                          line=mark.line + 1 if mark else None) from None
+    except RecursionError:
+        raise InputError(source, "not valid YAML (nested too deeply)") from None
+    except ValueError as e:  # a bad date (2024-13-01), an int of more digits than int() takes
+        why = "a number with too many digits" if "digits" in str(e) else str(e)
+        raise InputError(source, f"not valid YAML ({why})") from None
     if not isinstance(data, dict):
         raise InputError(source, "must be a YAML mapping", line=1)
     try:
@@ -59,12 +65,18 @@ def load_model(text: str, model: type[M], source: str) -> M:
         raise input_error(err, source, line_of=_line_finder(root)) from None
 
 
-def load_file(path: str | Path, model: type[M]) -> M:
+def read_text(path: str | Path) -> str:
+    """A UTF-8 text file; unreadable or not UTF-8 is one InputError naming it."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InputError(str(p), "file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
+        raise InputError(str(p), f"not UTF-8 text (byte {e.start}: {e.reason})") from None
+    except OSError as e:
         raise InputError(str(p), f"cannot read ({e.__class__.__name__}: {e})") from None
-    return load_model(text, model, str(p))
+
+
+def load_file(path: str | Path, model: type[M]) -> M:
+    return load_model(read_text(path), model, str(path))

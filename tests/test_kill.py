@@ -202,7 +202,8 @@ def finish(p: subprocess.Popen, out: Path, timeout: float) -> tuple[int, str, di
         _, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_all({p.pid} | descendants(p.pid))
-        raise AssertionError(f"the run did not end within {timeout} s of the server fault")
+        raise AssertionError(f"the run did not end within {timeout} s of the server fault") \
+            from None
     assert "Traceback" not in err.decode(), err.decode()[-2000:]
     assert time.monotonic() - t0 < timeout
     summary = orjson.loads((out / "summary.json").read_bytes())

@@ -107,3 +107,41 @@ def test_embedded_sim_process_serves_and_dies_with_its_parent():
     while _running(child) and time.time() < deadline:
         time.sleep(0.1)
     assert not _running(child)
+
+
+def test_port_in_use_and_bad_host_are_one_line_naming_the_flag():
+    busy = run_module("--port", "0", "--profile", "cpu-tiny")
+    try:
+        port = None
+        for _ in range(20):
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", busy.stderr.readline())
+            if m:
+                port = m.group(1)
+                break
+        assert port
+        for argv, flag in ((["--port", port], "--port"), (["--host", "no-such-host.invalid"], "--host"),
+                           (["--host", "192.0.2.1"], "--host")):  # TEST-NET-1: not this machine's
+            p = run_module(*argv, "--profile", "cpu-tiny")
+            _, err = p.communicate(timeout=30)
+            lines = err.strip().splitlines()
+            assert p.returncode == 2 and len(lines) == 1, (argv, err)
+            assert lines[0].startswith("error: serve-sim: field") and flag in lines[0], err
+    finally:
+        busy.send_signal(signal.SIGTERM)
+        busy.wait(timeout=10)
+
+
+def test_non_loopback_host_without_api_key_warns():
+    for argv, warned in ((["--host", "0.0.0.0"], True), (["--host", "0.0.0.0", "--api-key", "k"], False)):
+        p = run_module("--port", "0", "--profile", "cpu-tiny", *argv)
+        try:
+            seen = []
+            for _ in range(20):
+                seen.append(p.stderr.readline())
+                if "listening on http" in seen[-1]:
+                    break
+            assert "listening on http://0.0.0.0:" in seen[-1]
+            assert any("warning" in x and "--api-key" in x for x in seen) == warned, seen
+        finally:
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=10)

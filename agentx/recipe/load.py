@@ -9,7 +9,7 @@ import yaml
 
 from ..errors import InputError
 from ..shipped import data_dir
-from ..yamlconf import _line_finder, load_model
+from ..yamlconf import _line_finder, load_model, read_text
 from .schema import Recipe
 
 RECIPES_DIR_ENV = "AGENTX_RECIPES_DIR"
@@ -46,7 +46,7 @@ def line_in(path: Path, field: str) -> int | None:
 def load_recipe(spec: str) -> tuple[Recipe, Path]:
     """The validated recipe and its file. Cross-field problems point at the key to fix."""
     path = resolve(spec)
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path)
     recipe = load_model(text, Recipe, str(path))
     if recipe.name is None:
         recipe.name = path.stem

@@ -191,3 +191,15 @@ def test_a_side_that_is_neither_url_nor_recipe_is_one_line_exit_2(tmp_path, trac
                "-o", str(tmp_path / "ab")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "no-such-recipe" in err
+
+
+def test_recipe_offload_tier_in_tokens():
+    """Tier bytes over one token's KV across the TP group: cpu-tiny is 2 (K, V) x 8 layers x
+    2 KV heads x 64 dims x 2 bytes = 4,096 bytes a token."""
+    from agentx.ab.sides import recipe_offload_tokens
+    from agentx.recipe.load import load_recipe
+
+    recipe, _ = load_recipe("tiny-cpu")
+    assert recipe_offload_tokens(recipe, 0, 4096 * 1000) == 1000
+    assert recipe_offload_tokens(recipe, 0, None) is None
+    assert recipe_offload_tokens(recipe.model_copy(update={"sim_profile": None}), 0, 4096) is None

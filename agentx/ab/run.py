@@ -42,8 +42,7 @@ def run_ab(cfg: ABConfig) -> dict:
         if cfg.parallel:
             for i in range(1, cfg.repeats + 1):
                 a, b = side("a"), side("b")
-                pair = aio.run(_both(cfg.side_config("a", i, a.base_url, a.model, out),
-                                     cfg.side_config("b", i, b.base_url, b.model, out)))
+                pair = aio.run(_both(_config(cfg, a, i, out), _config(cfg, b, i, out)))
                 summaries["a"].append(pair[0])
                 summaries["b"].append(pair[1])
         else:
@@ -51,7 +50,7 @@ def run_ab(cfg: ABConfig) -> dict:
                 if not cfg.interleave and name == "b" and "a" in sides:
                     _stop_servers(sides)  # A is done: free its server before B's starts
                 s = side(name)
-                summaries[name].append(run(cfg.side_config(name, i, s.base_url, s.model, out)))
+                summaries[name].append(run(_config(cfg, s, i, out)))
         doc = _document(cfg, out, sides, summaries)
     from .plot import cdf_plot
     from .report import write_json
@@ -59,6 +58,10 @@ def run_ab(cfg: ABConfig) -> dict:
     doc["plot"] = str(cdf_plot(doc, out / "ab_cdf.png"))
     write_json(doc, out / AB_JSON)
     return doc
+
+
+def _config(cfg: ABConfig, s: Side, repeat: int, out: Path):
+    return cfg.side_config(s.name, repeat, s.base_url, s.model, out, s.offload_tokens)
 
 
 def _stop_servers(sides: dict[str, Side]) -> None:

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..recipe.load import load_recipe
+from ..recipe.schema import Recipe
 from ..recipe.serve import ServerHandle, free_port, launch, start
 from ..recipe.simargs import sim_argv, sim_options
 from ..recipe.sweep import SweepOptions, choose_backend
+from ..sim.profile import kv_bytes_per_token_rank, load_profile
 from ..urls import normalise_base_url, redact_url
 from .spec import ABConfig
 
@@ -30,10 +32,12 @@ class Side:
     base_url: str
     model: str | None = None
     handle: ServerHandle | None = None
+    offload_tokens: int | None = None  # the recipe's offload tier in tokens (vLLM sides)
 
     def public(self) -> dict:
         return {"spec": redact_url(self.spec) if self.kind == "url" else self.spec,
-                "kind": self.kind, "base_url": redact_url(self.base_url), "model": self.model}
+                "kind": self.kind, "base_url": redact_url(self.base_url), "model": self.model,
+                "offload_tokens": self.offload_tokens}
 
 
 def is_url(spec: str) -> bool:
@@ -61,4 +65,21 @@ def open_side(name: str, spec: str, cfg: ABConfig, out: Path) -> Iterator[Side]:
                        health_timeout=recipe.health_timeout_s)
         handle.model = opts["model_name"]
     with handle:
-        yield Side(name, spec, backend, handle.base_url, handle.model, handle)
+        side = Side(name, spec, backend, handle.base_url, handle.model, handle)
+        if handle.rendered is not None:
+            side.offload_tokens = recipe_offload_tokens(recipe, cfg.point,
+                                                        handle.rendered.offload_bytes)
+        yield side
+
+
+def recipe_offload_tokens(recipe: Recipe, point: int, offload_bytes: int | None) -> int | None:
+    """The offload tier in tokens: the recipe's tier bytes (its DRAM arithmetic, as rendered)
+    over one token's KV bytes across a TP group, from the model shape of the recipe's
+    sim_profile (2 x layers x KV heads x head_dim x bytes, agentx.sim.profile). Summed over
+    data-parallel engines, as the GPU pool is. None when the recipe cannot say (no tier, no
+    profile); the server's own figure (SimpleCPUOffload's info gauge) is read then."""
+    if not offload_bytes or recipe.sim_profile is None:
+        return None
+    tp = recipe.points[point].tp
+    kv = kv_bytes_per_token_rank(load_profile(recipe.sim_profile).model, tp) * tp
+    return int(offload_bytes // kv)

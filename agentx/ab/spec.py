@@ -50,13 +50,16 @@ class ABConfig(RunConfig):
         return self
 
     def side_config(self, side: str, repeat: int, base_url: str, model: str | None,
-                    out: Path) -> RunConfig:
-        """The run options of one side's repeat (1-based): same for A and B but the server."""
+                    out: Path, offload_tokens: int | None = None) -> RunConfig:
+        """The run options of one side's repeat (1-based): same for A and B but the server
+        (and its offload tier's size where its recipe gives it and --offload-tokens does not)."""
         data = self.model_dump(exclude=set(ABConfig.model_fields) - set(RunConfig.model_fields))
         data.update(base_url=base_url, seed=self.seed + repeat - 1, overwrite=True,
                     output_dir=str(out / side / str(repeat)), api_key=self.api_key)
         if model:
             data["model"] = model
+        if self.offload_tokens is None and offload_tokens is not None:
+            data["offload_tokens"] = offload_tokens
         if self.parallel:
             data["progress"] = False  # two live displays would overwrite each other
         return RunConfig.model_validate(data)

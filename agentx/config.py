@@ -56,8 +56,8 @@ class RunConfig(StrictModel):
         None, "requests sent in the warm-up are flagged and excluded from the statistics. "
         "SECONDS: a fixed warm-up, inside --duration; auto: the warm-up ends when every lane "
         "has finished its first request and --duration counts from there (the run lasts "
-        "warm-up + duration; if the warm-up outlasts ramp-up + duration the run stops there, "
-        "marked steady_state false). Default: auto from 64 lanes (their cold first prompts "
+        "warm-up + duration; a warm-up still going after ramp-up + 5 x duration stops the run "
+        "there, marked steady_state false). Default: auto from 64 lanes (their cold first prompts "
         "queue at the server and would be measured as start-up), else 0",
         flag="warmup", group=WORKLOAD)
     ramp_up_s: SecondsOrAuto = opt(

@@ -5,21 +5,24 @@ Definitions under test (docs/metrics.md#measurement-window-and-steady-state):
 - lane i's first request is dispatched i x ramp / conc after the run's start;
 - with --warmup auto the warm-up ends at W, the instant the engine sees the last lane's first
   request end; a request is warm-up iff it is a lane's prime or was dispatched before W;
-- --duration then counts from W; a run whose warm-up outlasts ramp-up + duration stops
+- --duration then counts from W; a run whose warm-up outlasts ramp-up + 5 x duration stops
   there and says steady_state false.
 """
 from __future__ import annotations
 
+import asyncio
 import io
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 from rich.console import Console
 
+from agentx.client.http import ClientConfig, make_session, stream_request
 from agentx.config import RunConfig
 from agentx.errors import InputError
 from agentx.options import build, flag_namer
-from agentx.records import read_records
+from agentx.records import RequestRecord, read_records
 from agentx.report.console import print_summary
 from agentx.run import run
 from helpers import write_trace
@@ -110,8 +113,8 @@ def test_duration_counts_from_the_end_of_the_auto_warmup(tmp_path):
 
 
 def test_run_too_short_for_the_start_up_says_so(tmp_path):
-    # every first request takes 3 s (fixed TTFT); ramp-up + duration is 0.5 s
-    sim = {**FAST, "time_scale": 1.0, "fixed_ttft_ms": 3000.0, "fixed_itl_ms": 1.0}
+    # every first request takes 4 s (fixed TTFT); the warm-up may last 5 x 0.5 s
+    sim = {**FAST, "time_scale": 1.0, "fixed_ttft_ms": 4000.0, "fixed_itl_ms": 1.0}
     s = run(_cfg(tmp_path, conc=3, ramp_up_s=0, warmup_s="auto", duration_s=0.5, sim=sim))
     recs = read_records(tmp_path / "out" / "requests.jsonl")
     assert s["steady_state"] is False
@@ -119,7 +122,7 @@ def test_run_too_short_for_the_start_up_says_so(tmp_path):
     assert s["completed"] == 0 and all(r["warmup"] for r in recs)
     assert len(recs) == 3 and all(r["ok"] for r in recs)  # drained, not cut off
     assert s["throughput"]["server_total_tok_s"] > 0  # the server did work all the same
-    assert "run ended before every lane finished its first request: the window measured " \
+    assert "run ended before every lane finished its first request: it measured only " \
            "start-up" in _console(s)
 
 
@@ -163,3 +166,40 @@ def test_workers_start_together_and_share_one_warmup_end(tmp_path):
     assert max(r["end_ns"] for r in firsts.values()) <= w
     for r in recs:
         assert r["warmup"] == (r["kind"] == "prime" or r["intended_send_ns"] < w), r
+
+
+async def test_first_requests_use_connections_opened_before_the_start():
+    """The first wave's connections are opened before the run starts (HTTPClient.preconnect)
+    and each request's start is stamped once its connection is in hand; a request whose
+    connection cannot be made still records when it tried (so its interval is real)."""
+    transports: set[int] = set()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        transports.add(id(request.transport))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
+                         b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1/chat/completions"
+    try:
+        async with make_session(ClientConfig(url.rsplit("/v1", 1)[0]), 8) as s:
+            assert await s.preconnect(url, 8) == 8
+            recs = [RequestRecord(f"r{i}", "s", i, 0, False) for i in range(8)]
+            await asyncio.gather(*(stream_request(s, url, b"{}", r, {}) for r in recs))
+            assert all(r.ok for r in recs) and s.connections_opened == 8  # none opened late
+        assert len(transports) == 8
+    finally:
+        await runner.cleanup()
+    async with make_session(ClientConfig("http://127.0.0.1:9"), 1) as s:
+        assert await s.preconnect("http://127.0.0.1:9/v1/chat/completions", 2) == 0
+        rec = RequestRecord("r", "s", 0, 0, False)
+        await stream_request(s, "http://127.0.0.1:9/v1/chat/completions", b"{}", rec, {})
+    assert rec.error == "connect" and 0 < rec.start_ns <= rec.end_ns

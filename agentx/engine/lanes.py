@@ -36,6 +36,13 @@ from .abort import ErrorWindow
 
 perf_ns = time.perf_counter_ns
 NEVER = 1 << 62  # an auto warm-up's end until it is known (no request is sent that late)
+# An auto warm-up still going this many durations after the ramp-up stops the run. Every lane's
+# first request is a cold prompt: 64 lanes of the swe trace at --context-scale 0.2 send 1.74M
+# prompt tokens at once (plan.Planner, seed 0), and their working set exceeds the 759k-token KV
+# pool of the simulated H200 with Qwen3-8B, which then prefills every request cold at ~20k tok/s:
+# its last lane finished its first request 218 s into a 60 s run (bench/steady_state.py,
+# 2026-12-01), so the warm-up can outlast the duration several times.
+WARMUP_LIMIT = 5.0
 
 
 @dataclass
@@ -151,9 +158,10 @@ class Engine:
             # each lane gets a fixed share, so which requests run never depends on timing
             self._budget = dict(zip(lanes, split_count(cfg.max_requests, [1] * len(lanes))))
         tasks = [asyncio.create_task(self._lane(lane), name=f"lane-{lane}") for lane in lanes]
-        if cfg.duration_s:  # auto warm-up: a run that never gets there stops after ramp + duration
-            self._arm(cfg.duration_s + (cfg.ramp_up_s if cfg.warmup_auto else 0.0)
-                      - (perf_ns() - self.t_start_ns) / 1e9)
+        if cfg.duration_s:  # an auto warm-up may take WARMUP_LIMIT x duration after the ramp
+            limit = (cfg.ramp_up_s + WARMUP_LIMIT * cfg.duration_s if cfg.warmup_auto
+                     else cfg.duration_s)
+            self._arm(limit - (perf_ns() - self.t_start_ns) / 1e9)
         await self._stop.wait()
         # no new requests from here; lanes sleeping in think time stop at once
         pending = [t for t in self._inflight.values() if not t.done()]
@@ -325,10 +333,10 @@ class Engine:
             self._inflight.pop(rid, None)
             self.stats.in_flight -= 1
             self.stats.note(rec)
+            self._first_ended(lane)
             abort = self._errors.note(rec.ok, rec.error)
             if abort:  # the server fails most requests: stop now, cancel the rest
                 self.request_stop(force=True, reason=abort)
-            self._first_ended(lane)
             res = self.on_record(rec)
             if asyncio.iscoroutine(res):
                 await res

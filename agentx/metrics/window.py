@@ -71,8 +71,9 @@ def not_steady_note(window: dict) -> str | None:
         return None
     done = window.get("all_lanes_first_done_s")
     if window.get("warmup") == "auto" or done is None:
-        return ("run ended before every lane finished its first request: the window measured "
-                "start-up (run longer, with fewer lanes, or against a faster server)")
+        return ("run ended before every lane finished its first request: it measured only "
+                "start-up, no steady-state window (run longer, with fewer lanes, or against a "
+                "faster server)")
     return (f"the window opened at +{window['start_s']:.1f} s, before every lane had finished "
             f"its first request (+{done:.1f} s): it includes start-up (--warmup auto starts "
             "it there)")

@@ -9,14 +9,15 @@ two servers with --parallel. Results: `<out>/a/<i>/`, `<out>/b/<i>/` (a run dire
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from .. import aio
+from ..config import RunConfig
 from ..errors import InputError
 from ..records import read_records
-from ..run import run, run_async
+from ..run import run
 from .sides import Side, open_side
 from .spec import ABConfig, default_ab_dir
 from .stats import compare, side_data
@@ -42,7 +43,7 @@ def run_ab(cfg: ABConfig) -> dict:
         if cfg.parallel:
             for i in range(1, cfg.repeats + 1):
                 a, b = side("a"), side("b")
-                pair = aio.run(_both(_config(cfg, a, i, out), _config(cfg, b, i, out)))
+                pair = _both(_config(cfg, a, i, out), _config(cfg, b, i, out))
                 summaries["a"].append(pair[0])
                 summaries["b"].append(pair[1])
         else:
@@ -60,7 +61,7 @@ def run_ab(cfg: ABConfig) -> dict:
     return doc
 
 
-def _config(cfg: ABConfig, s: Side, repeat: int, out: Path):
+def _config(cfg: ABConfig, s: Side, repeat: int, out: Path) -> RunConfig:
     return cfg.side_config(s.name, repeat, s.base_url, s.model, out, s.offload_tokens)
 
 
@@ -72,9 +73,12 @@ def _stop_servers(sides: dict[str, Side]) -> None:
             s.handle.stop()
 
 
-async def _both(cfg_a, cfg_b) -> list[dict]:
-    return list(await asyncio.gather(run_async(cfg_a, cfg_a.base_url),
-                                     run_async(cfg_b, cfg_b.base_url)))
+def _both(cfg_a: RunConfig, cfg_b: RunConfig) -> list[dict]:
+    """Both sides at once, each in its own client process (as two `agentx run`): sharing one
+    event loop, the side whose tasks were created first would be served first at every tick."""
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as ex:
+        futures = [ex.submit(run, cfg_a), ex.submit(run, cfg_b)]
+        return [f.result() for f in futures]
 
 
 def _side_summary(s: Side | None, runs: list[dict]) -> dict:

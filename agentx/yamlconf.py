@@ -59,10 +59,30 @@ def load_model(text: str, model: type[M], source: str) -> M:
         raise InputError(source, f"not valid YAML ({why})") from None
     if not isinstance(data, dict):
         raise InputError(source, "must be a YAML mapping", line=1)
+    _no_duplicate_keys(root, source)
     try:
         return model.model_validate(data)
     except ValidationError as err:
         raise input_error(err, source, line_of=_line_finder(root)) from None
+
+
+def _no_duplicate_keys(root: yaml.Node | None, source: str) -> None:
+    """YAML lets a repeated key silently replace the first; in a config that hides a typo."""
+    stack: list[tuple[yaml.Node, str]] = [(root, "")] if root is not None else []
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen: set[str] = set()
+            for k, v in node.value:
+                name = str(k.value)
+                where = f"{path}.{name}" if path else name
+                if name in seen:
+                    raise InputError(source, "key given twice (the second would silently replace "
+                                     "the first)", line=k.start_mark.line + 1, field=where)
+                seen.add(name)
+                stack.append((v, where))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((v, f"{path}.{i}") for i, v in enumerate(node.value))
 
 
 def read_text(path: str | Path) -> str:

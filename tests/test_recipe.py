@@ -252,6 +252,8 @@ run: {trace: swe, duration_s: 60}
     ("duration_s: 60}", "duration_s: 60, trace_file: x}", 15, "run.trace_file", "unknown option"),
     ("duration_s: 60}", "duration_s: 0}", 15, "run.duration_s", "a run must be bounded"),
     ("  backend: mooncake", "  backend: lmcache", 10, "kv_offload.backend", "'mooncake'"),
+    ("gpus: 8\n", "gpus: 8\ngpus: 4\n", 5, "gpus", "key given twice"),
+    ("  k: 3\n", "  k: 3\n  k: 2\n", 8, "speculative.k", "key given twice"),
 ])
 def test_bad_recipe_is_one_line_naming_file_line_and_field(tmp_path, capsys, old, new, line,
                                                            field, msg):

@@ -85,6 +85,19 @@ def test_injected_fault_is_classified_and_aborts(tmp_path, trace, kind, extra, e
     assert "Traceback" not in p.stderr
 
 
+def test_abort_in_worker_processes_ends_the_run(tmp_path, trace):
+    """--workers 2: each process judges its own requests; the first abort stops the others (the
+    parent forwards a forced stop), so the run ends with exit 4 and one merged summary."""
+    out = tmp_path / "out"
+    p = bench(out, "--trace", str(trace), "--conc", "4", "--workers", "2", "--duration", "60",
+              *SIM, "--sim-fail-rate", "1", "--sim-fail-kinds", "500")
+    assert p.returncode == EXIT_ABORTED, p.stderr[-2000:]
+    summary, recs = results(out)
+    assert summary["stop_reason"].startswith("aborted: error rate 100%")
+    assert summary["client"]["workers"] == 2
+    assert {r["error"] for r in recs} <= {"http_500", "cancelled"}
+
+
 def test_some_errors_fail_the_verdict_without_aborting(tmp_path, trace):
     """A quarter of the requests fail: below --max-error-rate, so the run goes to its end, but
     the verdict fails (error rate > 1%): exit 3, or 0 under --validate warn."""

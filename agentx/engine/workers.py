@@ -204,6 +204,8 @@ class WorkerPool:
             elif kind == "done":
                 self.results[w] = DriveResult(**{k: v for k, v in payload.items() if k in names})
                 pending.discard(w)
+                if self.results[w].stop_reason.startswith("aborted") and pending:
+                    self.request_stop(force=True)  # the run is over, not just this worker
             else:
                 self.errors[w] = payload
                 pending.discard(w)

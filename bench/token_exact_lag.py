@@ -10,6 +10,8 @@ run's own event loop:
 - event-loop lag p99 / max after the first request was sent (the sampler wakes every 10 ms
   and records how late, with the time, so the start-up before the first send is left out);
 - the machine's load average (other work on the cores shows up as lag too).
+With --baseline each concurrency also runs without a tokenizer (server-side template, chat
+messages), the client's cost without token-exact mode, on the same machine at the same time.
 Targets (issue 12, 2 cores): non-first p99 <= 5 ms at 64 lanes and <= 20 ms at 256; loop lag
 max <= 50 ms after the first request.
 
@@ -59,7 +61,7 @@ def _p(xs, q: float) -> float:
     return float(np.percentile(xs, q)) if len(xs) else float("nan")
 
 
-def one(conc: int, args: argparse.Namespace, tok_dir: str, out: Path) -> None:
+def one(conc: int, args: argparse.Namespace, tok_dir: str | None, out: Path) -> None:
     cfg = RunConfig(trace=args.trace, conc=conc, duration_s=args.duration, tokenizer=tok_dir,
                     context_scale=args.context_scale, max_think_s=args.max_think,
                     thinking="off", output_dir=str(out), overwrite=True, progress=False,
@@ -79,7 +81,7 @@ def one(conc: int, args: argparse.Namespace, tok_dir: str, out: Path) -> None:
     later = [r["dispatch_lag_ms"] for r in recs if id(r) not in first_ids]
     t_first = min(r["start_ns"] for r in recs) if recs else 0
     after = [lag for t, lag in lags if t > t_first]
-    build = summary["run"]["tokens"].get("build", "?")
+    build = summary["run"]["tokens"].get("build") or f"({summary['run']['tokens']['mode']})"
     exact = np.mean([r["isl"] == r["isl_intended"] for r in recs if r.get("isl")])
     print(f"{conc:>5} {len(recs):>6} {len(later):>6} {_p(later, 50):>8.2f} {_p(later, 99):>8.2f} "
           f"{max(later, default=float('nan')):>8.1f} {_p(first, 50):>9.1f} {_p(first, 99):>9.1f} "
@@ -96,6 +98,8 @@ def main() -> None:
     ap.add_argument("--max-think", type=float, default=5.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer", help="HF tokenizer dir (default: the tiny test model's)")
+    ap.add_argument("--baseline", action="store_true",
+                    help="also run each concurrency without a tokenizer, for comparison")
     args = ap.parse_args()
     tok_dir = args.tokenizer or default_tokenizer()
     print(f"token-exact lag: trace {args.trace}, context scale {args.context_scale}, max think "
@@ -107,6 +111,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="agentx-lag-") as tmp:
         for conc in (int(c) for c in args.conc.split(",")):
             one(conc, args, tok_dir, Path(tmp) / f"c{conc}")
+            if args.baseline:
+                one(conc, args, None, Path(tmp) / f"c{conc}-chat")
 
 
 if __name__ == "__main__":

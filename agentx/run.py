@@ -29,7 +29,7 @@ from .metrics.server_metrics import kv_pool
 from .metrics.summary import dist, summarize
 from .metrics.tiers import resolve as resolve_tier
 from .metrics.tiers import tier_theory
-from .metrics.window import Window, measurement_window, server_throughput
+from .metrics.window import Window, delivered, measurement_window, server_throughput
 from .outdir import check_output_dir, create_output_dir
 from .plan import split_count
 from .prompt.token_model import TokenModel, builtin_model, hf_model
@@ -255,6 +255,7 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
     s = summarize(records, window_s=win.seconds, gpus=cfg.gpus,
                   block_size=sm.get("kv_block_size"), kv_pool_tokens=sm.get("kv_pool_tokens"))
     s["throughput"].update(server_throughput(server_metrics))
+    s["throughput"].update(delivered(records, win.start_ns, win.stop_ns))
     s["window"] = win.block("auto" if cfg.warmup_auto() else cfg.warmup_fixed_s(), cfg.ramp_up(),
                             cfg.conc)
     s["steady_state"] = win.steady_state
@@ -293,7 +294,8 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
 def _window(results: list[DriveResult], records: list[dict]) -> Window:
     return measurement_window([x.t_start_ns for x in results], [x.warmup_end_ns for x in results],
                               [x.first_done_ns for x in results], [x.t_end_ns for x in results],
-                              [r["end_ns"] for r in records if r["ok"] and not r["warmup"]])
+                              [r["end_ns"] for r in records if r["ok"] and not r["warmup"]],
+                              stops=[x.stop_ns for x in results])
 
 
 def max_overlap(intervals: list[tuple[int, int]]) -> int:

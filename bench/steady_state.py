@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{s['failed']} failed, {s['cancelled']} cancelled")
     print(f"throughput, window (measured requests): {_f(th['total_tok_s'], 0)} tok/s total, "
           f"{_f(th['output_tok_s'], 0)} output tok/s")
+    print(f"throughput, delivered in the window (all completions from its start to the stop): "
+          f"{_f(th['delivered_total_tok_s'], 0)} tok/s total over {_f(th['delivered_window_s'])} s")
     print(f"throughput, server (/metrics, whole run): {_f(th['server_total_tok_s'], 0)} tok/s "
           f"total, {_f(th['server_output_tok_s'], 0)} output tok/s over "
           f"{_f(th['server_window_s'])} s")
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"TTFT p50 / p90 ms (window): {_f(ttft.get('p50'))} / {_f(ttft.get('p90'))}")
     print("console said:")
     for line in proc.stdout.splitlines():
-        if line.startswith(("window:", "server (", "run ended", "the window opened")):
+        if line.startswith(("window:", "delivered", "server (", "run ended", "the window")):
             print("  " + line)
     print(f"load average now {os.getloadavg()[0]:.2f}; results in {out}")
     return 0 if s["steady_state"] else 3

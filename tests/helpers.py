@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp import web
 
 from agentx.client.sse import _data_of
 
@@ -40,6 +41,18 @@ def write_trace(path: Path, sessions: int = 6, turns: int = 8, think: float = 1.
                "tool_tokens": 1200, "requests": reqs}
         (path / f"trace_{s:04d}.json").write_text(json.dumps(doc))
     return path
+
+
+async def serve_chat(handler: Any) -> tuple[web.AppRunner, str]:
+    """A local aiohttp server with `handler` at POST /v1/chat/completions on a free port:
+    (runner to clean up, base URL)."""
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
 
 
 def free_port() -> int:

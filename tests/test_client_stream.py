@@ -13,7 +13,7 @@ from aiohttp import web
 
 from agentx.client.http import ClientConfig, make_session, stream_request
 from agentx.records import RequestRecord
-from helpers import SSESplitter, sse_events
+from helpers import SSESplitter, serve_chat, sse_events
 
 
 async def _serve(raw: bytes, cut: int, gap_s: float, status: int = 200):
@@ -27,14 +27,7 @@ async def _serve(raw: bytes, cut: int, gap_s: float, status: int = 200):
             await asyncio.sleep(gap_s)
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    return runner, f"http://127.0.0.1:{port}"
+    return await serve_chat(handler)
 
 
 async def _run(raw: bytes, cut: int = 97, gap_s: float = 0.001, status: int = 200):

@@ -25,7 +25,7 @@ from agentx.options import build, flag_namer
 from agentx.records import RequestRecord, read_records
 from agentx.report.console import print_summary
 from agentx.run import run
-from helpers import write_trace
+from helpers import serve_chat, write_trace
 
 FAST = {"profile": "cpu-tiny", "time_scale": 20.0}
 
@@ -108,6 +108,9 @@ def test_duration_counts_from_the_end_of_the_auto_warmup(tmp_path):
     # the server's throughput over the whole run is reported next to it (from /metrics)
     th = s["throughput"]
     assert th["server_total_tok_s"] > 0 and th["server_window_s"] > th["window_s"]
+    # ... and the rate of every request completing between W and the stop (duration's end)
+    assert th["delivered_window_s"] == pytest.approx(duration, abs=0.3)
+    assert th["delivered_requests"] >= s["completed"] - 8 and th["delivered_total_tok_s"] > 0
     out = _console(s)
     assert "steady state: yes" in out and "server (/metrics, whole run" in out
 
@@ -122,6 +125,7 @@ def test_run_too_short_for_the_start_up_says_so(tmp_path):
     assert s["completed"] == 0 and all(r["warmup"] for r in recs)
     assert len(recs) == 3 and all(r["ok"] for r in recs)  # drained, not cut off
     assert s["throughput"]["server_total_tok_s"] > 0  # the server did work all the same
+    assert s["throughput"]["delivered_total_tok_s"] is None  # no window to deliver in
     assert "run ended before every lane finished its first request: it measured only " \
            "start-up" in _console(s)
 
@@ -182,15 +186,10 @@ async def test_first_requests_use_connections_opened_before_the_start():
                          b"data: [DONE]\n\n")
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1/chat/completions"
+    runner, base = await serve_chat(handler)
+    url = base + "/v1/chat/completions"
     try:
-        async with make_session(ClientConfig(url.rsplit("/v1", 1)[0]), 8) as s:
+        async with make_session(ClientConfig(base), 8) as s:
             assert await s.preconnect(url, 8) == 8
             recs = [RequestRecord(f"r{i}", "s", i, 0, False) for i in range(8)]
             await asyncio.gather(*(stream_request(s, url, b"{}", r, {}) for r in recs))

@@ -64,6 +64,7 @@ class DriveResult:
     runqueue_wait_ms_per_s: float | None = None  # ready but another process had the core
     cache_evictions: int = 0  # blocks the pool-sized cache model evicted (working set > pool)
     first_done_ns: int = 0  # every lane here had finished its first request (0: never)
+    stop_ns: int = 0  # no new request started from here (duration, signal, ...)
 
 
 def large_allocations_to_os(threshold: int = 256 * 1024) -> bool:
@@ -143,7 +144,7 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
     return DriveResult(spec.worker, engine.t_start_ns, engine.t_end_ns, engine.warmup_end_ns,
                        engine.stop_reason, st.max_sessions_active,
                        lag.lags_ms, lag.cpu_util, socket.gethostname(), lag.runqueue_wait_ms_per_s,
-                       cache_model.evictions, engine.first_done_ns)
+                       cache_model.evictions, engine.first_done_ns, engine.stop_ns)
 
 
 def early_lanes(lanes: list[int], conc: int, ramp_s: float, within_s: float = PRECONNECT_S) -> int:

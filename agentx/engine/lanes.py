@@ -118,6 +118,7 @@ class Engine:
         self.t_end_ns = 0
         self.warmup_end_ns = 0
         self.first_done_ns = 0  # when every lane here had finished its first request (0: never)
+        self.stop_ns = 0  # when no new request could start any more
         self._first_pending: set[int] = set()
         self._timer: asyncio.TimerHandle | None = None
         self.stop_reason = ""
@@ -137,6 +138,7 @@ class Engine:
         """No new requests from now on; the first reason given is the run's stop_reason."""
         if not self._stop.is_set():
             self.stop_reason = reason
+            self.stop_ns = perf_ns()
             self._stop.set()
 
     @property

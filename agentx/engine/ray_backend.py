@@ -259,6 +259,7 @@ class RayPool:
                     r.t_end_ns -= d
                     r.warmup_end_ns -= d
                     r.first_done_ns -= d if r.first_done_ns else 0
+                    r.stop_ns -= d if r.stop_ns else 0
                 self._append(s, recs[self._received[s.worker]:], d)
                 out.append(r)
         finally:

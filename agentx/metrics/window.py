@@ -20,6 +20,7 @@ class Window:
     steady_state: bool
     t_start_ns: int  # the run's start (lane 0's start instant)
     first_done_ns: int  # every lane had finished its first request (0: never)
+    stop_ns: int = 0  # from here no new request started (the first process to stop)
 
     @property
     def seconds(self) -> float:
@@ -39,7 +40,7 @@ class Window:
 
 def measurement_window(t_starts: Sequence[int], warmup_ends: Sequence[int],
                        first_dones: Sequence[int], t_ends: Sequence[int],
-                       measured_ends: Sequence[int]) -> Window:
+                       measured_ends: Sequence[int], stops: Sequence[int] = ()) -> Window:
     """One window for the run from each process's instants (one process, or workers that
     started at a shared instant): it opens when the last process's warm-up ended, and the run
     is in steady state only if every process's lanes had all finished a first request by
@@ -48,7 +49,24 @@ def measurement_window(t_starts: Sequence[int], warmup_ends: Sequence[int],
     start = max(t0, max(warmup_ends))
     end = max(measured_ends) if measured_ends else max(t_ends)
     first_done = 0 if not first_dones or 0 in first_dones else max(first_dones)
-    return Window(start, end, bool(first_done) and first_done <= start, t0, first_done)
+    stop = min((x for x in stops if x), default=0)
+    return Window(start, end, bool(first_done) and first_done <= start, t0, first_done, stop)
+
+
+def delivered(records: Sequence[dict], start_ns: int, stop_ns: int) -> dict:
+    """Tokens of every request that completed between the window's start and the stop (no
+    new request after it), warm-up ones included, per second of that span: the rate the
+    server delivered while the window's lanes were all sending. In a steady state the
+    requests running on past the stop stand for those that were running at its start, so
+    unlike the measured requests' throughput it has no gap at the window's start when
+    requests are long next to it. None without such a span."""
+    span = (stop_ns - start_ns) / 1e9 if stop_ns and stop_ns > start_ns else 0.0
+    done = [r for r in records if r["ok"] and start_ns <= r["end_ns"] <= stop_ns] if span else []
+    isl = sum((r["isl"] if r["isl"] is not None else r["isl_intended"]) for r in done)
+    osl = sum((r["osl"] or 0) for r in done)
+    return {"delivered_total_tok_s": (isl + osl) / span if span else None,
+            "delivered_output_tok_s": osl / span if span else None,
+            "delivered_requests": len(done), "delivered_window_s": span or None}
 
 
 def server_throughput(server_metrics: dict | None) -> dict:

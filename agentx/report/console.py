@@ -89,6 +89,11 @@ def window_lines(summary: dict) -> list[str]:
         out.append(f"window: +{_f(win['start_s'])} to +{_f(win['end_s'])} s (warm-up {wu}, "
                    f"ramp-up {win['ramp_up_s']:g} s); steady state: "
                    f"{'yes' if win['steady_state'] else 'NO'}")
+    if th.get("delivered_total_tok_s") is not None:
+        out.append(f"delivered in the window (every request completing from its start to the "
+                   f"stop, warm-up ones too): {_f(th['delivered_total_tok_s'])} tok/s total, "
+                   f"{_f(th['delivered_output_tok_s'])} output tok/s over "
+                   f"{_f(th['delivered_window_s'])} s")
     if th.get("server_total_tok_s") is not None:
         out.append(f"server (/metrics, whole run incl. start-up): {_f(th['server_total_tok_s'])} "
                    f"tok/s total, {_f(th['server_output_tok_s'])} output tok/s over "

@@ -27,8 +27,6 @@ from .lanes import Engine, EngineConfig
 from .selfmon import LoopLagSampler
 from .sender import ChatSender, TokenIdsSender
 
-PRECONNECT_S = 2.0  # open connections for the lanes that start this soon (early_lanes)
-
 
 @dataclass
 class DriveSpec:
@@ -127,8 +125,10 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
         if on_engine:
             on_engine(engine)
         tm.factory.prepare()  # the block tape (~0.2 s) now, not in the first request
-        # the first requests' connections now, before the start (HTTPClient.preconnect)
-        await session.preconnect(sender.url, early_lanes(spec.lanes, r.conc, r.ramp_up()))
+        # every lane's connection now, while the server is idle (HTTPClient.preconnect). A
+        # server that closes idle ones sooner than a lane starts (vLLM after 5 s:
+        # VLLM_HTTP_TIMEOUT_KEEP_ALIVE, vllm/envs.py) makes that lane connect at its start.
+        await session.preconnect(sender.url, len(spec.lanes))
         # A full collection walks every tracked object: with the real traces loaded that is
         # ~1 s during which no timestamp is taken. Frozen objects are never walked.
         gc.freeze()
@@ -145,14 +145,6 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
                        engine.stop_reason, st.max_sessions_active,
                        lag.lags_ms, lag.cpu_util, socket.gethostname(), lag.runqueue_wait_ms_per_s,
                        cache_model.evictions, engine.first_done_ns, engine.stop_ns)
-
-
-def early_lanes(lanes: list[int], conc: int, ramp_s: float, within_s: float = PRECONNECT_S) -> int:
-    """How many of `lanes` start within `within_s` of the run's start (lane i at i x ramp /
-    conc): the connections worth opening beforehand. An idle one is closed by the server
-    after its keep-alive timeout: vLLM's is 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, vllm/envs.py;
-    uvicorn's own default timeout_keep_alive is 5 s too, uvicorn/config.py)."""
-    return sum(1 for lane in lanes if lane * ramp_s / conc < within_s)
 
 
 def split_lanes(conc: int, workers: int) -> list[list[int]]:

@@ -262,6 +262,8 @@ class RayPool:
                     r.stop_ns -= d if r.stop_ns else 0
                 self._append(s, recs[self._received[s.worker]:], d)
                 out.append(r)
+                if r.stop_reason.startswith("aborted"):
+                    self.request_stop(force=True)  # the run is over, not just this actor
         finally:
             poll.cancel()
             for a in self.actors:

@@ -26,7 +26,8 @@ def _ms(a_ns: int, b_ns: int) -> float:
 # -- per request --------------------------------------------------------------------------------
 def ttft_ms(start_ns: int, first_chunk_ns: int) -> float | None:
     """Send -> first event with non-empty `choices` (vLLM). On vLLM that is the role chunk,
-    written in the same engine step as the first token; reasoning tokens count as tokens."""
+    written in the same engine step as the first token; reasoning tokens count as tokens.
+    Send = the write on a connection in hand (a new connection's handshake is dispatch lag)."""
     return _ms(start_ns, first_chunk_ns) if first_chunk_ns else None
 
 

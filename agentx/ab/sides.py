@@ -8,6 +8,7 @@ closed."""
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,10 @@ def open_side(name: str, spec: str, cfg: ABConfig, out: Path) -> Iterator[Side]:
         yield Side(name, spec, "url", normalise_base_url(spec))
         return
     recipe, path = load_recipe(spec)
+    ignored = sorted(k for k, v in recipe.run_options().items() if getattr(cfg, k, v) != v)
+    if ignored:  # an A/B compares servers under one workload: the command's, on both sides
+        print(f"agentx ab: side {name}: {path.name} run options not used ({', '.join(ignored)}): "
+              "both sides run the command's workload", file=sys.stderr)
     backend, _why = choose_backend(recipe, SweepOptions(output_dir=out, sim=cfg.recipe_sim))
     workdir = (out / f"server-{name}").resolve()
     if backend == "vllm":

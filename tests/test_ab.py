@@ -19,10 +19,8 @@ from agentx.recipe.serve import start
 from helpers import free_port, write_trace
 
 # a toy GPU pool of 12,288 tokens (768 blocks of 16); the trace's sessions grow to ~5,000
-# tokens, so 8 lanes need ~36k: the GPU alone thrashes. max_num_seqs 2 keeps what running
-# requests hold within the pool.
-SIM = ["--profile", "cpu-tiny", "--kv-pool-tokens", "12288", "--max-num-seqs", "2",
-       "--time-scale", "2"]
+# tokens, so 8 lanes need ~36k: the GPU alone thrashes.
+SIM = ["--profile", "cpu-tiny", "--kv-pool-tokens", "12288", "--time-scale", "2"]
 OFFLOAD = ["--kv-offload", "simple-cpu", "--offload-gb", "1"]  # ~244k tokens of CPU tier
 
 

@@ -1,11 +1,10 @@
 """The simulated vLLM engine: a continuous-batching step loop over a paged, prefix-cached KV pool.
 
 One asyncio task runs steps back to back, as vLLM's EngineCore does:
-  1. schedule (vLLM v1 order): running requests first (decode, or the next chunk of a chunked
-     prefill), under a per-step token budget; when the KV pool has no free block, preempt the
-     newest running request (recompute policy: its KV is dropped, it re-queues at the front);
-     then, only if nothing was preempted, admit waiting requests FCFS while `max_num_seqs` and
-     the budget allow, after a prefix-cache lookup (GPU first, then the offload tier);
+  1. schedule (vLLM v1 order, sim/sched.py): running requests first, preempting the newest
+     when the KV pool runs out; then, only if nothing was preempted, waiting requests FCFS
+     after a prefix-cache lookup (GPU first, then the offload tier, whose hits load
+     asynchronously);
   2. price the step with the roofline (`timing.StepTiming`) and sleep until it ends
      (durations divided by `time_scale`);
   3. apply it: commit filled blocks to the prefix cache, sample 1 (+accepted drafts) tokens
@@ -19,12 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 
 from ..aio import cancel_and_wait, sleep_until
-from .kvcache import BlockPool
 from .offload import OffloadTier
-from .request import FINISHED, LOADING, RUNNING, WAITING, SimRequest
+from .request import FINISHED, RUNNING, WAITING, SimRequest
+from .sched import Scheduler
 from .specdec import Acceptance
 from .stats import EngineStats
 from .timing import Batch, StepTiming
@@ -35,34 +33,21 @@ from .timing import Batch, StepTiming
 _SLACK_S = 0.005
 
 
-class Engine:
+class Engine(Scheduler):
     def __init__(self, *, num_blocks: int, block_size: int, max_num_seqs: int, max_batched_tokens: int,
                  timing: StepTiming, stats: EngineStats, time_scale: float = 1.0,
                  spec: Acceptance | None = None, offload: OffloadTier | None = None,
                  fixed_ttft_s: float | None = None, fixed_itl_s: float | None = None) -> None:
-        self.offload = offload
-        self.pool = BlockPool(num_blocks, block_size,
-                              on_evict=offload.on_gpu_evict if offload is not None else None)
-        self.bs = block_size
-        self.max_num_seqs = max_num_seqs
-        self.max_batched = max_batched_tokens
-        self.timing = timing
-        self.stats = stats
-        self.scale = time_scale
+        super().__init__(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+                         max_batched_tokens=max_batched_tokens, timing=timing, stats=stats,
+                         time_scale=time_scale, k=spec.k if spec is not None else 0, offload=offload)
         self.spec = spec
-        self.k = spec.k if spec is not None else 0
         self.fixed_ttft = fixed_ttft_s
         self.fixed_itl = fixed_itl_s
-        self.waiting: deque[SimRequest] = deque()
-        self.running: list[SimRequest] = []
-        self.loading: list[SimRequest] = []
         self.wake = asyncio.Event()  # set when there is new work (or an abort) to look at
         self._task: asyncio.Task | None = None
         self.steps = 0
         self._stored_seen = 0
-        self._link_free = 0.0
-        # where request timestamps come from: the wall clock when serving, a virtual clock offline
-        self.now_ns = time.perf_counter_ns
         self.virtual_ns = 0
 
     # ---------------------------------------------------------------- public
@@ -85,7 +70,7 @@ class Engine:
         """POST /reset_prefix_cache: forget every cached block, on the GPU and in the tier."""
         self.pool.reset()
         if self.offload is not None:
-            self.offload.blocks.clear()
+            self.offload.reset()
 
     def start(self) -> None:
         from .fixed import run_fixed
@@ -96,7 +81,7 @@ class Engine:
 
     async def stop(self) -> None:
         """Stop stepping; requests still in flight finish with `abort` so their handlers return."""
-        for req in [*self.running, *self.waiting, *self.loading]:
+        for req in [*self.running, *self.waiting, *self.holding, *self.loading]:
             if req.finish is None:
                 req.finish = "abort"
                 req.push(0, "abort")
@@ -107,7 +92,7 @@ class Engine:
     async def _run(self) -> None:
         start = time.perf_counter()
         while True:
-            if not (self.running or self.waiting or self.loading):
+            if not (self.running or self.waiting or self.holding or self.loading):
                 self.wake.clear()
                 await self.wake.wait()
                 start = time.perf_counter()
@@ -163,154 +148,6 @@ class Engine:
             self._finish_loads(self.virtual_ns / 1e9)
         return True
 
-    # ------------------------------------------------------------ scheduling
-    def _schedule(self, now: float) -> Batch:
-        budget = self.max_batched
-        batch = self.timing.new_batch()
-        k = self.k
-        preempted = False
-        running = self.running
-        i = 0
-        while i < len(running):
-            req = running[i]
-            if req.aborted:
-                self._retire(req, None)
-                running.pop(i)
-                continue
-            if budget <= 0:
-                break
-            need = req.target_len - req.num_computed
-            decode = need == 1 and req.num_out > 0
-            n = 1 + k if decode else min(need, budget)
-            # KV slots needed once this step has run (drafts included)
-            while not self._grow(req, req.num_computed + n):
-                victim = running.pop()
-                self._preempt(victim)
-                preempted = True
-                if victim is req:
-                    break
-            else:
-                budget -= n
-                if decode:
-                    batch.add_decode(req, req.num_computed, n)
-                else:
-                    batch.add_prefill(req, req.num_computed, n)
-                i += 1
-                continue
-            break  # the request itself was preempted
-        if preempted:
-            return batch
-        waiting = self.waiting
-        while waiting and budget > 0 and len(running) + len(self.loading) < self.max_num_seqs:
-            req = waiting[0]
-            if req.aborted:
-                waiting.popleft()
-                self._retire(req, None)
-                continue
-            if not req.blocks and not self._lookup(req, now):
-                break
-            if req.state == LOADING:
-                waiting.popleft()
-                self.loading.append(req)
-                continue
-            n = min(req.target_len - req.num_computed, budget)
-            if not self._grow(req, req.num_computed + n):
-                self.pool.release(req.blocks)  # do not sit on blocks while waiting
-                req.blocks = []
-                req.num_computed = 0
-                break
-            waiting.popleft()
-            if not req.scheduled_ns:
-                req.scheduled_ns = self.now_ns()
-                self.stats.on_scheduled(req)
-            req.state = RUNNING
-            running.append(req)
-            budget -= n
-            batch.add_prefill(req, req.num_computed, n)
-        self.stats.num_waiting = len(waiting)
-        self.stats.num_running = len(running)
-        return batch
-
-    def _lookup(self, req: SimRequest, now: float) -> bool:
-        """Prefix-cache lookup on admission: take GPU hits, start a host load for CPU hits.
-
-        Returns False when the pool cannot even hold the host-hit blocks right now."""
-        pool, bs = self.pool, self.bs
-        hashes = req.block_hashes
-        limit = (req.target_len - 1) // bs
-        dev = pool.match(hashes, limit)
-        host = 0
-        if self.offload is not None:
-            host = self.offload.match(hashes[dev:], limit - dev)
-        blocks = pool.touch(hashes[:dev])  # reference hits before allocating can evict them
-        new = pool.allocate(host) if host else []
-        if new is None:
-            pool.release(blocks)
-            return False
-        req.blocks = blocks + new
-        req.num_computed = dev * bs
-        if not req.counted:
-            req.counted = True
-            req.cached_device = dev * bs
-            req.cached_host = host * bs
-            self.stats.on_prefix_lookup(req.prompt_len, dev * bs, host * bs, self.offload is not None,
-                                        len(hashes) - dev)
-        if host:
-            self.offload.load(hashes[dev:dev + host])
-            req.state = LOADING
-            secs = self.timing.load_seconds(host * bs)
-            req.load_until = max(now, self._link_free) + secs / self.scale
-            self._link_free = req.load_until  # one host->GPU copy stream: loads queue behind each other
-            self.stats.on_host_load(host * bs, host * bs * self.timing.kv_tok * self.timing.tp, secs, host)
-        return True
-
-    def _finish_loads(self, now: float) -> None:
-        still = []
-        for req in self.loading:
-            if req.aborted:
-                self._retire(req, None)
-            elif req.load_until <= now:
-                dev = req.num_computed // self.bs
-                n_loaded = len(req.blocks) - dev
-                for i in range(dev, dev + n_loaded):
-                    self.pool.commit(req.blocks[i], req.block_hashes[i])
-                req.num_computed += n_loaded * self.bs
-                req.state = WAITING
-                self.waiting.appendleft(req)
-            else:
-                still.append(req)
-        self.loading = still
-
-    def _grow(self, req: SimRequest, tokens: int) -> bool:
-        need = -(-tokens // self.bs) - len(req.blocks)
-        if need <= 0:
-            return True
-        new = self.pool.allocate(need)
-        if new is None:
-            return False
-        req.blocks += new
-        return True
-
-    def _preempt(self, req: SimRequest) -> None:
-        self.pool.release(req.blocks)
-        req.blocks = []
-        req.num_computed = 0
-        req.preemptions += 1
-        req.state = WAITING
-        self.waiting.appendleft(req)
-        self.stats.num_preemptions += 1
-
-    def _retire(self, req: SimRequest, finish: str | None) -> None:
-        if req.aborted and req.finish is None:
-            self.stats.c_success["abort"].inc()
-        if req.blocks:
-            self.pool.release(req.blocks)
-            req.blocks = []
-        req.state = FINISHED
-        if finish is not None and req.finish is None:
-            req.finish = finish
-            req.push(0, finish)
-
     # ------------------------------------------------------------ step results
     def emit_tokens(self, req: SimRequest, gen: int, now_ns: int) -> tuple[int, str | None]:
         """Count `gen` new tokens of `req` at now_ns, capped at max_tokens ("length") or its
@@ -351,11 +188,10 @@ class Engine:
                 lo, hi = before // bs, min(req.num_computed // bs, len(hashes))
                 blocks = req.blocks
                 for b in range(lo, hi):
-                    if pool.commit(blocks[b], hashes[b]):
-                        if req.preemptions == 0:
-                            req.created_cache += bs
-                        if offload is not None and offload.eager:
-                            offload.store(hashes[b])
+                    if pool.commit(blocks[b], hashes[b]) and req.preemptions == 0:
+                        req.created_cache += bs
+                if offload is not None and offload.eager:
+                    offload.store_many(hashes[lo:hi])
                 if req.num_computed < req.target_len:
                     continue  # chunked prefill continues next step
                 gen = 1

@@ -6,6 +6,17 @@ could be loaded back instead of recomputed. It is an LRU of fixed capacity (in b
   pool evicts it, so the tier only holds what fell out of the GPU;
 - eager store (Mooncake store, SimpleCPUOffload default): every newly computed full block is
   copied right away, so the tier mirrors recent GPU content too.
+The same order, over content keys, is the client's agentx.prefix_cache.TieredCache (what
+validation expects; tests/test_sim_offload.py checks this tier against it). Both follow
+SimpleCPUOffload's manager, vllm/v1/simple_kv_offload/manager.py (vLLM 0.32):
+- a block already in the tier is not stored again and keeps its place
+  (`_classify_store_candidate` -> `_StoreAdmission.ALREADY_CACHED`);
+- a request's tier hits are pinned from its lookup until its load completes
+  (`get_num_new_matched_tokens` touches them, `update_state_after_alloc` holds them for the
+  copy, `_cleanup_load_request` frees them): no store, the request's own included, evicts them.
+  Their recency is taken at the lookup, before the request's own GPU evictions are stored, as
+  TieredCache does (vLLM requeues them when the copy completes; its lazy stores run ahead of
+  eviction from a cursor over the GPU free queue, so neither order is exact there).
 """
 from __future__ import annotations
 
@@ -18,24 +29,42 @@ class OffloadTier:
         self.capacity = max(0, capacity_blocks)
         self.block_size = block_size
         self.eager = eager
-        self.blocks: OrderedDict[int, None] = OrderedDict()
+        self.blocks: OrderedDict[int, None] = OrderedDict()  # least recently used first
+        self.pins: dict[int, int] = {}  # blocks a pending load reads -> loads: not evictable
         self.stored_blocks = 0  # cumulative GPU->CPU block copies
         self.loaded_blocks = 0  # cumulative CPU->GPU block copies
         self.evicted_blocks = 0
 
     def store(self, h: int) -> None:
-        """Copy one block's KV to the tier (or refresh its recency if already there)."""
-        if self.capacity == 0:
+        """Copy one block's KV to the tier (see store_many)."""
+        self.store_many((h,))
+
+    def store_many(self, hashes: Sequence[int]) -> None:
+        """Copy blocks to the tier in one transfer, as the manager batches a step's stores:
+        blocks already there are skipped and keep their place; then CPU blocks for the rest
+        are taken from the LRU head (`get_new_blocks`), which may evict blocks of the same
+        request that were skipped; pinned blocks are never taken, and what finds no CPU block
+        is not stored."""
+        blocks, pins = self.blocks, self.pins
+        new = [h for h in dict.fromkeys(hashes) if h not in blocks]
+        if not new or self.capacity == 0:
             return
-        blocks = self.blocks
-        if h in blocks:
-            blocks.move_to_end(h)
-            return
-        blocks[h] = None
-        self.stored_blocks += 1
-        if len(blocks) > self.capacity:
-            blocks.popitem(last=False)
-            self.evicted_blocks += 1
+        room = self.capacity - len(blocks)
+        evict = len(new) - room
+        if evict > 0:
+            victims = []
+            for b in blocks:
+                if len(victims) == evict:
+                    break
+                if b not in pins:
+                    victims.append(b)
+            for b in victims:
+                del blocks[b]
+            self.evicted_blocks += len(victims)
+            new = new[:room + len(victims)]
+        for h in new:
+            blocks[h] = None
+        self.stored_blocks += len(new)
 
     def on_gpu_evict(self, h: int) -> None:
         """BlockPool eviction listener: the lazy store path."""
@@ -52,12 +81,30 @@ class OffloadTier:
             n += 1
         return n
 
-    def load(self, hashes: Sequence[int]) -> None:
-        """Account a CPU->GPU copy of these blocks and refresh their recency."""
+    def pin(self, hashes: Sequence[int]) -> None:
+        """A lookup hit these blocks: most recently used, and not evictable until `unpin`."""
+        blocks, pins = self.blocks, self.pins
         for h in hashes:
-            if h in self.blocks:
-                self.blocks.move_to_end(h)
+            blocks.move_to_end(h)
+            pins[h] = pins.get(h, 0) + 1
+
+    def unpin(self, hashes: Sequence[int]) -> None:
+        pins = self.pins
+        for h in hashes:
+            n = pins[h] - 1
+            if n:
+                pins[h] = n
+            else:
+                del pins[h]
+
+    def load(self, hashes: Sequence[int]) -> None:
+        """Account a CPU->GPU copy of these blocks."""
         self.loaded_blocks += len(hashes)
+
+    def reset(self) -> None:
+        """Forget every block no load is reading (/reset_prefix_cache)."""
+        for h in [b for b in self.blocks if b not in self.pins]:
+            del self.blocks[h]
 
     def usage(self) -> float:
         return len(self.blocks) / self.capacity if self.capacity else 0.0

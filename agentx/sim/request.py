@@ -34,6 +34,7 @@ class SimRequest:
     cached_host: int = 0
     created_cache: int = 0  # prompt tokens of newly cached full blocks
     load_until: float = 0.0  # sim time at which a host->GPU load finishes
+    tier_pin: list[int] = field(default_factory=list)  # offload-tier hits pinned for its load
     preemptions: int = 0
     counted: bool = False  # prefix-cache stats recorded (first lookup only)
     scheduled_ns: int = 0  # first time the scheduler took it (queue time ends)

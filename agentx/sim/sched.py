@@ -1,0 +1,230 @@
+"""The scheduling half of the simulated engine: which requests run in the next step, with what
+KV blocks, in vLLM v1's order (vllm/v1/core/sched/scheduler.py `Scheduler.schedule`, vLLM 0.32);
+sim/engine.py runs the steps.
+
+- Running requests first (decode, or the next chunk of a chunked prefill) under the step's
+  token budget; when the pool has no free block the newest running request is preempted
+  (recompute: its blocks are freed, it goes back to the front of the waiting queue).
+- Waiting requests only if nothing was preempted, while fewer than `max_num_seqs` run; requests
+  loading from the offload tier do not count (`schedule` checks `len(self.running)` only).
+- Requests whose host->GPU load finished hold blocks: they wait in their own queue, drained
+  before new requests (`kv_holding_waiting`); the first one that cannot be allocated stops
+  admission, so newer requests never take the blocks it needs.
+- Admission needs blocks for the request's whole sequence free, not just the first chunk
+  (`scheduler_reserve_full_isl`, default True: vllm/config/scheduler.py; `allocate_slots(...,
+  full_sequence_must_fit=True)` in vllm/v1/core/kv_cache_manager.py).
+- A request with host hits is admitted as an asynchronous load only if its loaded blocks fit in
+  the free pool minus what in-flight prefills (loading, loaded, or part-way through their prompt)
+  still need to finish, plus one speculative step's blocks (`_inflight_prefill_reserved_blocks`,
+  `reserved_blocks=`): a loading request holds blocks without progress and cannot be preempted,
+  and without the reservation loaded requests could hold the pool between them with none able to
+  finish (the simulator did stop serving for good that way).
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from .kvcache import BlockPool
+from .offload import OffloadTier
+from .request import FINISHED, LOADING, RUNNING, WAITING, SimRequest
+from .stats import EngineStats
+from .timing import Batch, StepTiming
+
+
+class Scheduler:
+    def __init__(self, *, num_blocks: int, block_size: int, max_num_seqs: int, max_batched_tokens: int,
+                 timing: StepTiming, stats: EngineStats, time_scale: float, k: int,
+                 offload: OffloadTier | None) -> None:
+        self.offload = offload
+        self.pool = BlockPool(num_blocks, block_size,
+                              on_evict=offload.on_gpu_evict if offload is not None else None)
+        self.bs = block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_batched = max_batched_tokens
+        self.timing = timing
+        self.stats = stats
+        self.scale = time_scale
+        self.k = k
+        self.waiting: deque[SimRequest] = deque()  # holding no blocks
+        self.holding: deque[SimRequest] = deque()  # waiting with blocks: their load finished
+        self.running: list[SimRequest] = []
+        self.loading: list[SimRequest] = []
+        self._link_free = 0.0
+        # where request timestamps come from: the wall clock when serving, a virtual clock offline
+        self.now_ns = time.perf_counter_ns
+
+    def _schedule(self, now: float) -> Batch:
+        budget = self.max_batched
+        batch = self.timing.new_batch()
+        k = self.k
+        preempted = False
+        running = self.running
+        i = 0
+        while i < len(running):
+            req = running[i]
+            if req.aborted:
+                self._retire(req, None)
+                running.pop(i)
+                continue
+            if budget <= 0:
+                break
+            need = req.target_len - req.num_computed
+            decode = need == 1 and req.num_out > 0
+            n = 1 + k if decode else min(need, budget)
+            # KV slots needed once this step has run (drafts included)
+            while not self._grow(req, req.num_computed + n):
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            else:
+                budget -= n
+                if decode:
+                    batch.add_decode(req, req.num_computed, n)
+                else:
+                    batch.add_prefill(req, req.num_computed, n)
+                i += 1
+                continue
+            break  # the request itself was preempted
+        if not preempted:
+            self._admit(batch, budget, now)
+        self.stats.num_waiting = len(self.waiting) + len(self.holding)
+        self.stats.num_running = len(running)
+        return batch
+
+    def _admit(self, batch: Batch, budget: int, now: float) -> None:
+        running = self.running
+        while budget > 0 and len(running) < self.max_num_seqs:
+            queue = self.holding or self.waiting
+            if not queue:
+                break
+            req = queue[0]
+            if req.aborted:
+                queue.popleft()
+                self._retire(req, None)
+                continue
+            if queue is self.waiting:
+                if not self._lookup(req, now):
+                    break
+                if req.state == LOADING:
+                    queue.popleft()
+                    self.loading.append(req)
+                    continue
+            elif self._missing(req) > self.pool.num_free:
+                break  # it keeps its blocks and its place; running requests will free some
+            n = min(req.target_len - req.num_computed, budget)
+            if not self._grow(req, req.num_computed + n):  # the whole sequence fits: cannot happen
+                break
+            queue.popleft()
+            if not req.scheduled_ns:
+                req.scheduled_ns = self.now_ns()
+                self.stats.on_scheduled(req)
+            req.state = RUNNING
+            running.append(req)
+            budget -= n
+            batch.add_prefill(req, req.num_computed, n)
+
+    def _missing(self, req: SimRequest, extra: int = 0) -> int:
+        """Blocks `req` lacks to hold its whole sequence so far (+ `extra` tokens)."""
+        return max(0, -(-(req.target_len + extra) // self.bs) - len(req.blocks))
+
+    def _reserved(self) -> int:
+        """Blocks the in-flight prefills still need to finish, plus one speculative step's
+        (vLLM's `_inflight_prefill_reserved_blocks()` + `_spec_decode_step_blocks`)."""
+        extra = 1 + self.k if self.k else 0
+        prefilling = (r for r in self.running if r.num_out == 0 or r.target_len - r.num_computed > 1)
+        need = sum(self._missing(r, extra) for q in (self.loading, self.holding, prefilling) for r in q)
+        return need + (-(-self.k // self.bs))
+
+    def _lookup(self, req: SimRequest, now: float) -> bool:
+        """Prefix-cache lookup on admission: take the GPU hits; for host hits start a load.
+
+        False (nothing taken but the tier pin, which vLLM keeps until the request's next lookup)
+        when the whole sequence, or a load's blocks past the reservation, do not fit now."""
+        pool, bs, offload = self.pool, self.bs, self.offload
+        hashes = req.block_hashes
+        limit = (req.target_len - 1) // bs
+        dev = pool.match(hashes, limit)
+        host = 0
+        if offload is not None:
+            offload.unpin(req.tier_pin)  # a pin left by a lookup that could not be admitted
+            host = offload.match(hashes[dev:], limit - dev)
+            req.tier_pin = hashes[dev:dev + host]
+            offload.pin(req.tier_pin)
+        blocks = pool.touch(hashes[:dev])  # reference hits before allocating can evict them
+        req.blocks = blocks
+        if self._missing(req) > pool.num_free or (host and host > pool.num_free - self._reserved()):
+            pool.release(blocks)
+            req.blocks = []
+            return False
+        req.blocks = blocks + pool.allocate(host)
+        req.num_computed = dev * bs
+        if not req.counted:  # recorded at admission, as vLLM does
+            req.counted = True
+            req.cached_device = dev * bs
+            req.cached_host = host * bs
+            self.stats.on_prefix_lookup(req.prompt_len, dev * bs, host * bs, offload is not None,
+                                        len(hashes) - dev)
+        if not host:
+            return True
+        offload.load(req.tier_pin)
+        req.state = LOADING
+        secs = self.timing.load_seconds(host * bs)
+        req.load_until = max(now, self._link_free) + secs / self.scale
+        self._link_free = req.load_until  # one host->GPU copy stream: loads queue behind each other
+        self.stats.on_host_load(host * bs, host * bs * self.timing.kv_tok * self.timing.tp, secs, host)
+        return True
+
+    def _finish_loads(self, now: float) -> None:
+        still = []
+        for req in self.loading:
+            if req.aborted:
+                self._retire(req, None)
+            elif req.load_until <= now:
+                dev = req.num_computed // self.bs
+                n_loaded = len(req.blocks) - dev
+                for i in range(dev, dev + n_loaded):
+                    self.pool.commit(req.blocks[i], req.block_hashes[i])
+                req.num_computed += n_loaded * self.bs
+                self.offload.unpin(req.tier_pin)
+                req.tier_pin = []
+                req.state = WAITING
+                self.holding.append(req)
+            else:
+                still.append(req)
+        self.loading = still
+
+    def _grow(self, req: SimRequest, tokens: int) -> bool:
+        need = -(-tokens // self.bs) - len(req.blocks)
+        if need <= 0:
+            return True
+        new = self.pool.allocate(need)
+        if new is None:
+            return False
+        req.blocks += new
+        return True
+
+    def _preempt(self, req: SimRequest) -> None:
+        self.pool.release(req.blocks)
+        req.blocks = []
+        req.num_computed = 0
+        req.preemptions += 1
+        req.state = WAITING
+        self.waiting.appendleft(req)
+        self.stats.num_preemptions += 1
+
+    def _retire(self, req: SimRequest, finish: str | None) -> None:
+        if req.aborted and req.finish is None:
+            self.stats.c_success["abort"].inc()
+        if req.blocks:
+            self.pool.release(req.blocks)
+            req.blocks = []
+        if req.tier_pin:
+            self.offload.unpin(req.tier_pin)
+            req.tier_pin = []
+        req.state = FINISHED
+        if finish is not None and req.finish is None:
+            req.finish = finish
+            req.push(0, finish)

@@ -175,11 +175,15 @@ def test_identical_configurations_are_no_difference(tmp_path, trace):
     assert verdicts.count("no_difference") >= 4, verdicts
 
 
-def test_recipe_sides_on_the_simulator(tmp_path, trace):
+def test_recipe_sides_on_the_simulator(tmp_path, trace, capsys):
     """A recipe side is launched (here on the simulator with the recipe's sim_profile, the
-    --sim-* flags given on top) and stopped with its process group when done."""
+    --sim-* flags given on top) and stopped with its process group when done. The recipe's own
+    run options (tiny-cpu sets trace, duration, context scale, think cap) are set aside, and
+    said so: both sides run the command's workload."""
     doc = _ab(trace, tmp_path / "ab", "tiny-cpu", "tiny-cpu", "--recipe-sim",
               "--sim-time-scale", "5", "--duration", "3", "--conc", "2", "--bootstrap", "200")
+    err = capsys.readouterr().err
+    assert "side a: tiny-cpu.yaml run options not used (" in err and "trace" in err
     for side in ("a", "b"):
         assert doc[side]["kind"] == "sim" and doc[side]["model"] == "tiny"
         assert doc[side]["completed"] > 0

@@ -276,6 +276,18 @@ class Engine:
             except asyncio.TimeoutError:
                 pass
 
+    def _expect_pool(self, rec: RequestRecord, keys: list, block_size: int) -> None:
+        """The server holds the prompt's blocks from its send until the response ends: acquire
+        them in the pool model (released in _request) and record the pool-aware expected hit
+        (the infinite-cache figure when the server's pool is unknown)."""
+        hit_blocks = self.cache_model.acquire(keys)
+        if hit_blocks is None:
+            return
+        bs_tokens = block_size * self.synth.context_scale
+        rec.cached_expected_pool = min(rec.isl_intended, int(hit_blocks * bs_tokens))
+        tier_blocks = getattr(self.cache_model, "last_tier_hits", 0)
+        rec.cached_expected_offload = min(rec.cached_expected_pool, int(tier_blocks * bs_tokens))
+
     async def _request(self, lane: int, conv: Conversation, step: Turn, turn_no: int, sid: str,
                        trace_id: str, subagent: str, prime: bool, warm: bool) -> None:
         """Send one turn; `warm` says this conversation already sent a request (so the
@@ -287,18 +299,7 @@ class Engine:
             self._budget[lane] -= 1
         intended = perf_ns()
         prepared = conv.next_turn(step, turn_no)
-        # the server holds the prompt's blocks from now until the response ends
-        keys = conv.block_keys(step.hash_ids)
-        pool_hit_blocks = self.cache_model.acquire(keys)
         expected = prepared.expected_cached if warm else 0
-        expected_offload = 0
-        if pool_hit_blocks is not None:  # the server's pool is known: its eviction order
-            bs_tokens = conv.trace.block_size * self.synth.context_scale
-            expected_pool = min(prepared.intended_in, int(pool_hit_blocks * bs_tokens))
-            tier_blocks = getattr(self.cache_model, "last_tier_hits", 0)
-            expected_offload = min(expected_pool, int(tier_blocks * bs_tokens))
-        else:
-            expected_pool = expected
         max_tokens = prepared.max_tokens
         if cfg.max_model_len:
             max_tokens = max(1, min(max_tokens, cfg.max_model_len - prepared.intended_in))
@@ -309,8 +310,7 @@ class Engine:
                             subagent=subagent, kind="prime" if prime else "turn",
                             intended_send_ns=intended, isl_intended=prepared.intended_in,
                             osl_intended=max_tokens,
-                            cached_expected=expected, cached_expected_pool=expected_pool,
-                            cached_expected_offload=expected_offload)
+                            cached_expected=expected, cached_expected_pool=expected)
         prepared.max_tokens = max_tokens
         self.stats.started += 1
         self.stats.in_flight += 1
@@ -318,7 +318,13 @@ class Engine:
         task = asyncio.create_task(self.sender.send(conv, prepared, rec))
         self._inflight[rid] = task
         live_text = None
+        keys: list | None = None
         try:
+            # the request's first step (build and write) runs before the cache-model
+            # bookkeeping below, which costs ~1 us per prompt block and is not the request's
+            await asyncio.sleep(0)
+            keys = conv.block_keys(step.hash_ids)
+            self._expect_pool(rec, keys, conv.trace.block_size)
             live_text = await asyncio.shield(task)
         except asyncio.CancelledError:
             if not task.done():  # this lane itself was cancelled: let the request record
@@ -331,7 +337,8 @@ class Engine:
             rec.error_detail = str(exc)[:300]
             rec.ok = False
         finally:
-            self.cache_model.release(keys)
+            if keys is not None:
+                self.cache_model.release(keys)
             self._inflight.pop(rid, None)
             self.stats.in_flight -= 1
             self.stats.note(rec)

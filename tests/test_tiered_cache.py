@@ -85,10 +85,8 @@ def _sim_hits(prompts: list[list[int]], gpu: int, tier: int, eager: bool) -> lis
 def test_agrees_with_the_simulator_pool_and_tier(seed, eager):
     """Growing sessions interleaved at random, one request at a time: the model's GPU and tier
     hits equal the simulator's, request by request (lazy: exactly; eager: the total). The tier
-    is large enough never to evict: there the two differ by design — the model pins a
-    request's tier hits before its own GPU evictions are stored (vLLM touches them in
-    `get_num_new_matched_tokens`) and a re-store keeps a block's place (vLLM skips blocks
-    already in the CPU pool), while the simulator's tier refreshes on re-store."""
+    is large enough never to evict; tests/test_sim_offload.py compares the two with a tier
+    that evicts (re-stores skipped, a request's tier hits pinned, as vLLM 0.32 does)."""
     rng = np.random.default_rng(seed)
     ctx: dict[int, list[int]] = {s: [] for s in range(6)}
     prompts, fresh = [], 0

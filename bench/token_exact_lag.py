@@ -7,8 +7,9 @@ concurrency, and prints from the run's records and from a loop-lag sampler runni
 run's own event loop:
 - dispatch lag (send - intended send) p50 / p99 / max of non-first requests (every request
   after its lane's first) and p50 / p99 of each lane's first request;
-- event-loop lag p99 / max after the first request was sent (the sampler wakes every 10 ms
-  and records how late, with the time, so the start-up before the first send is left out);
+- event-loop lag p99 / max between the first request's send and the last request's end (the
+  sampler wakes every 10 ms and records how late, with the time, so the start-up before the
+  first send and the summary's computation after the run are left out);
 - the machine's load average (other work on the cores shows up as lag too).
 With --baseline each concurrency also runs without a tokenizer (server-side template, chat
 messages), the client's cost without token-exact mode, on the same machine at the same time.
@@ -80,7 +81,8 @@ def one(conc: int, args: argparse.Namespace, tok_dir: str | None, out: Path) -> 
     first = [r["dispatch_lag_ms"] for r in first_of_lane.values()]
     later = [r["dispatch_lag_ms"] for r in recs if id(r) not in first_ids]
     t_first = min(r["start_ns"] for r in recs) if recs else 0
-    after = [lag for t, lag in lags if t > t_first]
+    t_last = max(r["end_ns"] for r in recs) if recs else 0  # not the summary's work after it
+    after = [lag for t, lag in lags if t_first < t <= t_last]
     build = summary["run"]["tokens"].get("build") or f"({summary['run']['tokens']['mode']})"
     exact = np.mean([r["isl"] == r["isl_intended"] for r in recs if r.get("isl")])
     print(f"{conc:>5} {len(recs):>6} {len(later):>6} {_p(later, 50):>8.2f} {_p(later, 99):>8.2f} "

@@ -252,6 +252,10 @@ class Engine:
             if turn_no < start_turn - 1 or (turn_no == start_turn - 1 and not self.cfg.prime):
                 prepared = conv.next_turn(step, turn_no)  # history only, not sent
                 conv.answered(prepared.max_tokens)
+                # one turn's build at a time: a lane starting deep into a long session builds
+                # its whole history here, which in one piece held the loop (and every other
+                # lane's timestamps) for hundreds of ms
+                await asyncio.sleep(0)
                 continue
             prime = turn_no == start_turn - 1
             if sent:  # the lane's first request goes at once; later ones after think time

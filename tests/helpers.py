@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,17 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_healthy(url: str, tries: int = 300) -> None:
+    """Poll `url`/health (0.1 s apart) until the server answers; a server process started by a
+    test needs a moment to bind. Returns quietly after `tries`: the test's own requests fail."""
+    for _ in range(tries):
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1)
+            return
+        except OSError:
+            time.sleep(0.1)
 
 
 class SSESplitter:

@@ -17,14 +17,13 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
 import orjson
 import pytest
 
-from helpers import free_port, write_trace
+from helpers import free_port, wait_healthy, write_trace
 
 REPO = Path(__file__).resolve().parents[1]
 EXIT_BAD_INPUT, EXIT_FAILED, EXIT_ABORTED, EXIT_INTERRUPTED = 2, 3, 4, 130
@@ -240,12 +239,7 @@ def test_dead_server_aborts_within_seconds(tmp_path, trace):
     out = tmp_path / "out"
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
+        wait_healthy(url)
         p = subprocess.Popen([sys.executable, str(REPO / "bench.py"), "--trace", str(trace),
                               "--conc", "2", "--duration", "300", "--max-think", "0.2",
                               "--base-url", url, "--output-dir", str(out), "--no-progress",

@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from helpers import free_port, write_trace
+from helpers import free_port, wait_healthy, write_trace
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,12 +26,7 @@ def sim_url():
                          stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
+        wait_healthy(url)
         yield url
     finally:
         p.terminate()

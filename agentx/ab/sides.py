@@ -15,8 +15,7 @@ from pathlib import Path
 
 from ..recipe.load import load_recipe
 from ..recipe.schema import Recipe
-from ..recipe.serve import ServerHandle, free_port, launch, start
-from ..recipe.simargs import sim_argv, sim_options
+from ..recipe.serve import ServerHandle, launch
 from ..recipe.sweep import SweepOptions, choose_backend
 from ..sim.profile import kv_bytes_per_token_rank, load_profile
 from ..urls import normalise_base_url, redact_url
@@ -58,17 +57,10 @@ def open_side(name: str, spec: str, cfg: ABConfig, out: Path) -> Iterator[Side]:
               "both sides run the command's workload", file=sys.stderr)
     backend, _why = choose_backend(recipe, SweepOptions(output_dir=out, sim=cfg.recipe_sim))
     workdir = (out / f"server-{name}").resolve()
-    if backend == "vllm":
-        handle = launch(recipe, cfg.point, conc=cfg.conc, workdir=workdir,
-                        recipe_dir=path.parent, source=str(path))
-    else:
-        opts = sim_options(recipe, cfg.point, cfg.conc, recipe_dir=path.parent, source=str(path))
-        opts.update(cfg.sim.model_dump(include=cfg.sim.model_fields_set - set(SIM_NOT_OVERRIDDEN)))
-        port = free_port()
-        handle = start(sim_argv(opts, host="127.0.0.1", port=port), {}, workdir=workdir,
-                       base_url=f"http://127.0.0.1:{port}",
-                       health_timeout=recipe.health_timeout_s)
-        handle.model = opts["model_name"]
+    handle = launch(recipe, cfg.point, conc=cfg.conc, workdir=workdir, recipe_dir=path.parent,
+                    source=str(path), sim=backend != "vllm",
+                    sim_overrides=cfg.sim.model_dump(
+                        include=cfg.sim.model_fields_set - set(SIM_NOT_OVERRIDDEN)))
     with handle:
         side = Side(name, spec, backend, handle.base_url, handle.model, handle)
         if handle.rendered is not None:

@@ -9,8 +9,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..recipe.schema import Recipe
-from ..recipe.serve import ServerHandle, free_port, launch, start
-from ..recipe.simargs import sim_argv, sim_options
+from ..recipe.serve import launch
 from .config import CalibrateConfig
 
 PER_REQUEST_SPEC = ["--per-request-spec-decode-metrics", "summary"]  # vLLM >= 0.32
@@ -51,16 +50,8 @@ def serve(cfg: CalibrateConfig, recipe: Recipe | None, path: Path | None, k: int
         return
     r = at_k(recipe, k, cfg.per_request_spec)
     timeout = cfg.health_timeout_s or recipe.health_timeout_s
-    handle: ServerHandle
-    if cfg.sim:
-        opts = {**sim_options(r, 0, recipe_dir=path.parent, source=str(path)),
-                "time_scale": cfg.sim_time_scale}
-        port = free_port()
-        handle = start(sim_argv(opts, host="127.0.0.1", port=port), {}, workdir=workdir,
-                       base_url=f"http://127.0.0.1:{port}", health_timeout=timeout)
-        handle.model = opts["model_name"]
-    else:
-        handle = launch(r, 0, workdir=workdir, recipe_dir=path.parent, source=str(path),
-                        health_timeout=timeout)
+    handle = launch(r, 0, workdir=workdir, recipe_dir=path.parent, source=str(path),
+                    health_timeout=timeout, sim=cfg.sim,
+                    sim_overrides={"time_scale": cfg.sim_time_scale} if cfg.sim else None)
     with handle:
         yield Target(k, handle.base_url, handle.model, "sim" if cfg.sim else "vllm")

@@ -218,16 +218,18 @@ def launch(recipe: Recipe, point: int = 0, *, conc: int | None = None,
            host: str = "127.0.0.1", port: int | None = None, workdir: str | Path | None = None,
            recipe_dir: str | Path = ".", source: str = "recipe", sim: bool = False,
            health_timeout: float | None = None, on_log: LogSink | None = None,
-           host_dram_mib: int | None = None) -> ServerHandle:
+           host_dram_mib: int | None = None, sim_overrides: dict | None = None) -> ServerHandle:
     """Render the recipe's point and start it (or the simulator standing in for it with
-    `sim=True`); returns a running, healthy server. Use as `with launch(...) as server:`."""
+    `sim=True`, `sim_overrides` SimConfig fields on top of the recipe's); returns a running,
+    healthy server. Use as `with launch(...) as server:`."""
     port = port or free_port(host)
     wd = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix=f"agentx-serve-{recipe.name}-"))
     wd = wd.resolve()
     wd.mkdir(parents=True, exist_ok=True)
     timeout = health_timeout or recipe.health_timeout_s
     if sim:
-        opts = sim_options(recipe, point, conc, recipe_dir=recipe_dir, source=source)
+        opts = {**sim_options(recipe, point, conc, recipe_dir=recipe_dir, source=source),
+                **(sim_overrides or {})}
         handle = start(sim_argv(opts, host=host, port=port), {}, base_url=f"http://{host}:{port}",
                        workdir=wd, health_timeout=timeout, on_log=on_log)
         handle.model = opts["model_name"]

@@ -28,8 +28,7 @@ from ..urls import normalise_base_url
 from .inferencex import inferencex_fields
 from .render import golden_pin
 from .schema import Recipe, spec_k
-from .serve import ServerHandle, ServerStartError, free_port, launch, start
-from .simargs import sim_argv, sim_options
+from .serve import ServerHandle, ServerStartError, launch
 
 SWEEP_JSON, SUMMARY = "sweep.json", "summary.json"
 Say = Callable[[str], None]
@@ -156,20 +155,12 @@ class Servers:
         return self.handle.base_url, self.handle.model
 
     def _launch(self, cell: Cell, workdir: Path) -> ServerHandle:
-        timeout = self.opts.health_timeout or self.recipe.health_timeout_s
-        if self.backend == "vllm":
-            return launch(self.recipe, cell.point, conc=cell.conc, workdir=workdir,
-                          recipe_dir=self.path.parent, source=str(self.path),
-                          health_timeout=timeout)
-        sim = sim_options(self.recipe, cell.point, cell.conc, recipe_dir=self.path.parent,
-                          source=str(self.path))
-        if self.opts.sim_time_scale:
-            sim["time_scale"] = self.opts.sim_time_scale
-        port = free_port()
-        handle = start(sim_argv(sim, host="127.0.0.1", port=port), {}, workdir=workdir,
-                       base_url=f"http://127.0.0.1:{port}", health_timeout=timeout)
-        handle.model = sim["model_name"]
-        return handle
+        scale = self.opts.sim_time_scale
+        return launch(self.recipe, cell.point, conc=cell.conc, workdir=workdir,
+                      recipe_dir=self.path.parent, source=str(self.path),
+                      health_timeout=self.opts.health_timeout or self.recipe.health_timeout_s,
+                      sim=self.backend != "vllm",
+                      sim_overrides={"time_scale": scale} if scale else None)
 
     @property
     def died(self) -> bool:

@@ -1,6 +1,6 @@
 """Small asyncio helpers shared by the client, the worker processes and the simulator: one
 place that picks the event loop, runs a coroutine on it, installs the stop signals, sleeps to
-a deadline and cancels background tasks."""
+a deadline, runs stepped computations and cancels background tasks."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +8,7 @@ import contextlib
 import signal
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Generator
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -88,3 +88,29 @@ async def cancel_and_wait(task: asyncio.Task | None) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+# A stepped computation is a generator that yields (None) between steps of bounded cost and
+# returns its result: the loop runs it one step per turn (`run_steps_async`), so a long build
+# delays the other lanes' timestamps by one step, not by all of it; tests and one-off callers
+# run it at once (`run_steps`).
+Steps = Generator[None, None, T]
+
+
+def run_steps(steps: Steps[T]) -> T:
+    """A stepped computation run to its end at once."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+async def run_steps_async(steps: Steps[T]) -> T:
+    """A stepped computation run to its end, yielding to the loop between its steps."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+        await asyncio.sleep(0)

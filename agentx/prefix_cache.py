@@ -32,26 +32,46 @@ that finishes before the next (acquire + release); with nothing else held it tak
 `TieredCache` composes two of these for a server with a KV offload connector: the GPU pool
 and the offload tier behind it (host DRAM), with the connector's lookup and store order.
 
-Cost per block (CPU time, timeit over 350-400-block prompts each extending the previous one,
-CPython 3.11 on the shared 2-core test machine): `observe` 0.16 us with int keys, 0.33 us
-with (namespace, id) tuples; `acquire` + `release` 0.57 us / 0.86 us (the engine's case: a
-100k-token prompt of 64-token blocks costs ~1.3 ms). The replaced head-to-tail LRU took 0.35 us
-with tuples; doing the per-block work with C iterators (map/zip over dict methods) measured
-slower, not faster.
+Cost per block (CPU time, over 350-400-block prompts each extending the previous one, gc off,
+CPython 3.11 on the shared 2-core test machine, 2026-12-01): `observe` 0.50 us with int keys
+(the engine's, `Conversation.block_keys`), 0.78 us with (namespace, id) tuples; `acquire` +
+`release` 1.17 us / 1.75 us. The single-dict version before the shards took 0.58 / 0.84 us,
+and stalled the loop for a whole-table rebuild now and then (see PrefixCache).
 """
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 
+from .aio import Steps, run_steps
+
+# Blocks per step of a stepped operation (`*_steps`): ~0.3 ms of acquire + release. A replay
+# engine runs the steps one loop turn at a time, so a request of 13k blocks (an 860k-token
+# trace prompt) does not hold the loop for the ~15 ms its acquire costs in one piece.
+STEP_BLOCKS = 256
+SHARDS = 64  # see PrefixCache
+_MASK = SHARDS - 1
+
 
 class PrefixCache:
-    """vLLM's free-queue LRU over content keys; capacity None tracks nothing (returns None)."""
+    """vLLM's free-queue LRU over content keys; capacity None tracks nothing (returns None).
+
+    Free keys carry the stamp of their release (a counter), so the free queue's order is the
+    order of the stamps; held keys carry their reference count. Both are spread over SHARDS
+    dicts by hash (free: ordered, in stamp order), and an eviction takes the oldest of the
+    free shards' first keys. One dict of every key would be simpler, but a CPython dict
+    rebuilds its whole table when inserts have used up its slots: ~60-100 ms at 0.4-1M keys
+    (this machine), a stall of the replay loop; a shard's rebuild is 1/SHARDS of that."""
 
     def __init__(self, capacity_blocks: int | None) -> None:
         self.capacity = capacity_blocks
-        self._free: OrderedDict[Hashable, None] = OrderedDict()  # cached, unreferenced: eviction order
-        self._held: dict[Hashable, int] = {}  # cached blocks of running requests -> references
+        # cached, unreferenced: key -> release stamp, in stamp order (eviction order)
+        self._free: list[OrderedDict[Hashable, int]] = [OrderedDict() for _ in range(SHARDS)]
+        self._held: list[dict[Hashable, int]] = [{} for _ in range(SHARDS)]  # -> references
+        self._n_free = 0
+        self._n_held = 0
+        self._clock = 0  # release stamps
         self._uncached = 0  # blocks running requests hold that never enter the cache
         self._last: Sequence[Hashable] = ()  # keys of the last fast-path observe (see observe)
         self.evictions = 0  # > 0: the working set did not fit the pool
@@ -59,70 +79,139 @@ class PrefixCache:
 
     def __len__(self) -> int:
         """Cached blocks (held or free)."""
-        return len(self._free) + len(self._held)
+        return self._n_free + self._n_held
 
     def __contains__(self, key: Hashable) -> bool:
-        return key in self._free or key in self._held
+        i = hash(key) & _MASK
+        return key in self._free[i] or key in self._held[i]
 
     def eviction_order(self) -> list[Hashable]:
         """Cached, unreferenced keys, the next one to be evicted first."""
-        return list(self._free)
+        free = [(st, k) for sh in self._free for k, st in sh.items()]
+        return [k for _, k in sorted(free, key=lambda x: x[0])]
 
     def _hits(self, keys: Sequence[Hashable], start: int, limit: int) -> int:
         free, held = self._free, self._held
         n = start
         for k in keys[start:limit]:
-            if k not in free and k not in held:
+            i = hash(k) & _MASK
+            if k not in free[i] and k not in held[i]:
                 break
             n += 1
         return n
 
+    def _hits_steps(self, keys: Sequence[Hashable], start: int, limit: int) -> Steps[int]:
+        """`_hits` in steps of STEP_BLOCKS blocks."""
+        n = start
+        for j in range(start, limit, STEP_BLOCKS):
+            if j != start:
+                yield
+            end = min(limit, j + STEP_BLOCKS)
+            n = self._hits(keys, j, end)
+            if n < end:
+                break
+        return n
+
+    def _free_key(self, k: Hashable, i: int) -> None:
+        """k joins the free queue's end."""
+        self._clock += 1
+        self._free[i][k] = self._clock
+
     def _evict(self) -> None:
-        over = len(self._free) + len(self._held) + self._uncached - self.capacity
+        run_steps(self._evict_steps())
+
+    def _evict_steps(self) -> Steps[None]:
+        over = self._n_free + self._n_held + self._uncached - self.capacity
+        if over <= 0 or not self._n_free:
+            return
         free, cb = self._free, self.on_evict
-        while over > 0 and free:
-            k, _ = free.popitem(last=False)
+        heap = [(next(iter(sh.values())), i) for i, sh in enumerate(free) if sh]
+        heapq.heapify(heap)
+        done = 0
+        while over > 0 and heap:
+            _, i = heapq.heappop(heap)
+            sh = free[i]
+            k, _ = sh.popitem(last=False)
+            self._n_free -= 1
             self.evictions += 1
             over -= 1
             if cb is not None:
                 cb(k)
+            if sh:
+                heapq.heappush(heap, (next(iter(sh.values())), i))
+            done += 1
+            if done % STEP_BLOCKS == 0 and over > 0:
+                yield
 
     def acquire(self, keys: Sequence[Hashable], limit: int | None = None,
                 uncached: int = 0) -> int | None:
         """A request starts: leading blocks of `keys` found cached (at most `limit`); then all
         its blocks, plus `uncached` blocks that never become cached (e.g. the partial last
         block), are held until `release`."""
+        return run_steps(self.acquire_steps(keys, limit, uncached))
+
+    def acquire_steps(self, keys: Sequence[Hashable], limit: int | None = None,
+                      uncached: int = 0) -> Steps[int | None]:
+        """`acquire` in steps of STEP_BLOCKS blocks (the caller runs no other operation on
+        this cache until it has ended)."""
         if self.capacity is None:
             return None
         self._last = ()
-        hits = self._hits(keys, 0, len(keys) if limit is None else min(limit, len(keys)))
-        free, held = self._free, self._held
-        for k in keys:
-            r = held.get(k)
-            if r is None:
-                free.pop(k, None)  # touch: no longer evictable
-                held[k] = 1
-            else:
-                held[k] = r + 1
+        n = len(keys) if limit is None else min(limit, len(keys))
+        hits = yield from self._hits_steps(keys, 0, n)
+        free, held, mask = self._free, self._held, _MASK
+        for j in range(0, len(keys), STEP_BLOCKS):
+            if j:
+                yield
+            touched = taken = 0
+            for k in keys[j:j + STEP_BLOCKS]:
+                i = hash(k) & mask
+                h = held[i]
+                r = h.get(k)
+                if r is None:
+                    if free[i].pop(k, None) is not None:  # touch: no longer evictable
+                        touched += 1
+                    h[k] = 1
+                    taken += 1
+                else:
+                    h[k] = r + 1
+            self._n_free -= touched
+            self._n_held += taken
         self._uncached += uncached
-        self._evict()
+        yield from self._evict_steps()
         return hits
 
     def release(self, keys: Sequence[Hashable], uncached: int = 0) -> None:
         """The request that acquired `keys` finished: its blocks are freed tail first."""
+        run_steps(self.release_steps(keys, uncached))
+
+    def release_steps(self, keys: Sequence[Hashable], uncached: int = 0) -> Steps[None]:
+        """`release` in steps of STEP_BLOCKS blocks (as `acquire_steps`)."""
         if self.capacity is None:
             return
         self._last = ()
-        free, held = self._free, self._held
-        for k in reversed(keys):
-            r = held[k] - 1
-            if r:
-                held[k] = r
-            else:
-                del held[k]
-                free[k] = None
+        free, held, mask = self._free, self._held, _MASK
+        clock = self._clock
+        for end in range(len(keys), 0, -STEP_BLOCKS):
+            if end != len(keys):
+                yield
+            freed = 0
+            for k in reversed(keys[max(0, end - STEP_BLOCKS):end]):
+                i = hash(k) & mask
+                h = held[i]
+                r = h[k] - 1
+                if r:
+                    h[k] = r
+                else:  # joins the free queue's end
+                    del h[k]
+                    clock += 1
+                    free[i][k] = clock
+                    freed += 1
+            self._clock = clock
+            self._n_held -= freed
+            self._n_free += freed
         self._uncached -= uncached
-        self._evict()
+        yield from self._evict_steps()
 
     def observe(self, keys: Sequence[Hashable], limit: int | None = None) -> int | None:
         """One request from start to finish (acquire + release); returns its hit blocks.
@@ -133,7 +222,7 @@ class PrefixCache:
         cap = self.capacity
         if cap is None:
             return None
-        if self._held or self._uncached:
+        if self._n_held or self._uncached:
             hits = self.acquire(keys, limit)
             self.release(keys)
             return hits
@@ -143,18 +232,15 @@ class PrefixCache:
         known = m if keys[:m] == last[:m] else 0  # a turn usually extends the previous one
         hits = self._hits(keys, known, n)
         free = self._free
-        move = free.move_to_end
+        clock = self._clock
         for k in reversed(keys):
-            free[k] = None
-            move(k)
-        over = len(free) - cap
-        if over > 0:
-            self.evictions += over
-            cb = self.on_evict
-            for _ in range(over):
-                k, _ = free.popitem(last=False)
-                if cb is not None:
-                    cb(k)
+            sh = free[hash(k) & _MASK]
+            if sh.pop(k, None) is None:
+                self._n_free += 1
+            clock += 1
+            sh[k] = clock
+        self._clock = clock
+        self._evict()
         self._last = keys
         return hits
 
@@ -162,14 +248,22 @@ class PrefixCache:
         """Copy blocks in (an offload tier's store): each key not cached yet joins the free
         queue's end, evicting from its front; a key already cached keeps its place (vLLM's
         SimpleCPUOffload skips blocks already in the CPU pool, `_StoreAdmission.ALREADY_CACHED`)."""
+        run_steps(self.store_steps(keys))
+
+    def store_steps(self, keys: Sequence[Hashable]) -> Steps[None]:
         if self.capacity is None:
             return
         self._last = ()
         free, held = self._free, self._held
-        for k in keys:
-            if k not in free and k not in held:
-                free[k] = None
-        self._evict()
+        for j in range(0, len(keys), STEP_BLOCKS):
+            if j:
+                yield
+            for k in keys[j:j + STEP_BLOCKS]:
+                i = hash(k) & _MASK
+                if k not in free[i] and k not in held[i]:
+                    self._free_key(k, i)
+                    self._n_free += 1
+        yield from self._evict_steps()
 
     def touch(self, keys: Sequence[Hashable]) -> None:
         """A load read these cached blocks: they move to the free queue's end in order (vLLM
@@ -179,8 +273,9 @@ class PrefixCache:
         self._last = ()
         free = self._free
         for k in keys:
-            if k in free:
-                free.move_to_end(k)
+            i = hash(k) & _MASK
+            if free[i].pop(k, None) is not None:
+                self._free_key(k, i)
 
 
 class TieredCache:
@@ -221,18 +316,26 @@ class TieredCache:
 
     def acquire(self, keys: Sequence[Hashable], limit: int | None = None,
                 uncached: int = 0) -> int | None:
+        return run_steps(self.acquire_steps(keys, limit, uncached))
+
+    def acquire_steps(self, keys: Sequence[Hashable], limit: int | None = None,
+                      uncached: int = 0) -> Steps[int | None]:
         tier = self.tier
         if tier is None:
-            return self.gpu.acquire(keys, limit, uncached)
+            return (yield from self.gpu.acquire_steps(keys, limit, uncached))
         n = len(keys) if limit is None else min(limit, len(keys))
-        dev = self.gpu._hits(keys, 0, n)
-        host = tier._hits(keys, dev, n) - dev
+        dev = yield from self.gpu._hits_steps(keys, 0, n)
+        host = (yield from tier._hits_steps(keys, dev, n)) - dev
         tier.touch(keys[dev:dev + host])
-        self.gpu.acquire(keys, limit, uncached)  # lazy: GPU evictions store into the tier here
+        # lazy: GPU evictions store into the tier here
+        yield from self.gpu.acquire_steps(keys, limit, uncached)
         if self.eager:
-            tier.store(keys[dev + host:])
+            yield from tier.store_steps(keys[dev + host:])
         self.last_tier_hits = host
         return dev + host
 
     def release(self, keys: Sequence[Hashable], uncached: int = 0) -> None:
         self.gpu.release(keys, uncached)
+
+    def release_steps(self, keys: Sequence[Hashable], uncached: int = 0) -> Steps[None]:
+        return self.gpu.release_steps(keys, uncached)

@@ -237,10 +237,10 @@ def _scraper(base_url: str, interval: float, headers: dict, out_path: Path,
     appended to `out_path` (metrics.jsonl) as it is taken."""
     if interval <= 0:
         return None
-    from .metrics.scraper import ScraperThread
+    from .metrics.scrape_process import ScraperProcess
 
     auth = {k: v for k, v in headers.items() if k == "Authorization"}
-    return ScraperThread(base_url.rstrip("/") + "/metrics", interval_s=interval, headers=auth,
+    return ScraperProcess(base_url.rstrip("/") + "/metrics", interval_s=interval, headers=auth,
                          timeout_s=timeout_s,
                          out_path=out_path)
 

@@ -85,7 +85,7 @@ def chat_table() -> None:
 def cold_start_ms(tm, snd: TokenIdsSender, tr: Trace, ns: str) -> float:
     """A lane starting at the session's last turn: history built without sending (as lanes do
     up to their start turn, untimed here), then the last turn's body with every id at once."""
-    conv = Conversation(tr, "L0.0", SynthConfig(ns), tm)
+    conv = Conversation(tr, "L0.0", SynthConfig(ns, lazy_text=True), tm)
     turns = tr.turns
     for i, turn in enumerate(turns[:-1]):
         conv.answered(conv.next_turn(turn, i).max_tokens)
@@ -99,7 +99,7 @@ def replay_exact(tm, snd: TokenIdsSender, tr: Trace, ns: str, check: bool
                  ) -> tuple[list[float], int, bool]:
     """One session as a lane sends it: (ms of each turn after the first, largest prompt, ids
     equal to a full render at the last turn)."""
-    conv = Conversation(tr, "L0.0", SynthConfig(ns), tm)
+    conv = Conversation(tr, "L0.0", SynthConfig(ns, lazy_text=True), tm)
     times, biggest, body = [], 0, b""
     for i, turn in enumerate(tr.turns):
         t = time.perf_counter()
@@ -116,6 +116,7 @@ def replay_exact(tm, snd: TokenIdsSender, tr: Trace, ns: str, check: bool
     equal = True
     if check:
         tok = tm.tokenizer
+        conv.materialize()
         full = tok.encode(tok.apply_chat_template(conv.messages, add_generation_prompt=True,
                                                   **tm.pieces.kwargs))
         equal = orjson.loads(body)["prompt"] == full

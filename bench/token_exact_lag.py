@@ -17,15 +17,20 @@ Targets (issue 12, 2 cores): non-first p99 <= 5 ms at 64 lanes and <= 20 ms at 2
 max <= 50 ms after the first request.
 
     python bench/token_exact_lag.py [--conc 64,256] [--duration 40] [--tokenizer DIR]
+                                    [--baseline] [--stalls MS]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import gc
 import os
 import sys
 import tempfile
+import threading
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -40,17 +45,98 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prompt_build import default_tokenizer  # noqa: E402  (bench/ is not a package)
 
 
-async def _sample_lag(out: list[tuple[int, float]], interval_s: float = 0.01) -> None:
+class StallWatch:
+    """With --stalls MS: a thread samples, every 2 ms while the loop has not beaten for MS,
+    where the loop's thread is (its innermost agentx frame); with the thread's run-queue wait
+    and the gc pauses inside each stall, a loop-lag maximum can be traced to its cause."""
+
+    def __init__(self, threshold_ms: float) -> None:
+        self.threshold_ns = int(threshold_ms * 1e6)
+        self.beat = time.perf_counter_ns()
+        self.samples: list[str] = []  # where the loop was, sampled during the current stall
+        self.wait0: int | None = None
+        self.stalls: list[tuple[int, float, float, float, list[str]]] = []
+        self.gc: list[tuple[int, float, int]] = []  # (end ns, pause ms, generation)
+        self._gc_t0 = 0
+        self._main = threading.get_ident()
+        self._stat = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+        self._done = threading.Event()
+
+    def _wait_ns(self) -> int:
+        try:
+            with open(self._stat, "rb") as f:
+                return int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            return 0
+
+    def _gc(self, phase: str, info: dict) -> None:
+        now = time.perf_counter_ns()
+        if phase == "start":
+            self._gc_t0 = now
+        else:
+            self.gc.append((now, (now - self._gc_t0) / 1e6, info["generation"]))
+
+    def _watch(self) -> None:
+        while not self._done.wait(0.002):
+            if time.perf_counter_ns() - self.beat > self.threshold_ns:
+                if self.wait0 is None:
+                    self.wait0 = self._wait_ns()
+                frame = sys._current_frames().get(self._main)
+                stack = traceback.extract_stack(frame) if frame else []
+                ours = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in stack
+                        if "agentx" in f.filename][-2:]
+                if ours == ["aio.py:40 run"]:  # in the loop itself or a library's callback
+                    ours = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in stack[-2:]]
+                self.samples.append(" < ".join(reversed(ours)))
+
+    def on_beat(self, now: int) -> None:
+        if self.samples:
+            wait = (self._wait_ns() - self.wait0) / 1e6 if self.wait0 is not None else 0.0
+            gc_ms = sum(ms for t, ms, _ in self.gc[-50:] if t > self.beat)
+            self.stalls.append((now, (now - self.beat) / 1e6, wait, gc_ms, self.samples))
+            self.samples, self.wait0 = [], None
+        self.beat = now
+
+    def start(self) -> None:
+        gc.callbacks.append(self._gc)
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def stop(self) -> None:
+        self._done.set()
+        gc.callbacks.remove(self._gc)
+
+    def report(self, t0: int, t1: int) -> None:
+        gcs = [(ms, g) for t, ms, g in self.gc if t0 < t <= t1]
+        by_gen = {g: (sum(1 for _, x in gcs if x == g), max((m for m, x in gcs if x == g), default=0))
+                  for g in (0, 1, 2)}
+        print("      gc in window (count, max ms) by generation: "
+              + ", ".join(f"gen{g} {n} / {m:.1f}" for g, (n, m) in by_gen.items())
+              + f"; tracked objects now {len(gc.get_objects())}")
+        stalls = sorted((s for s in self.stalls if t0 < s[0] <= t1), key=lambda s: -s[1])
+        print(f"      "
+              f"{len(stalls)} beats later than {self.threshold_ns / 1e6:g} ms, longest first "
+              "(gap, of it waiting for a core, in gc; where the loop was, 2 ms samples):")
+        for _, ms, wait, gc_ms, samples in stalls[:12]:
+            top = collections.Counter(samples).most_common(3)
+            print(f"      {ms:6.1f} ms  wait {wait:5.1f}  gc {gc_ms:5.1f}  "
+                  + "; ".join(f"{n}x {w}" for w, n in top))
+
+
+async def _sample_lag(out: list[tuple[int, float]], interval_s: float = 0.01,
+                      watch: StallWatch | None = None) -> None:
     while True:
         t = time.perf_counter_ns()
         await asyncio.sleep(interval_s)
         now = time.perf_counter_ns()
+        if watch:
+            watch.on_beat(now)
         out.append((now, max(0.0, (now - t) / 1e6 - interval_s * 1e3)))
 
 
-async def _run_sampled(cfg: RunConfig, base_url: str) -> tuple[dict, list[tuple[int, float]]]:
+async def _run_sampled(cfg: RunConfig, base_url: str,
+                       watch: StallWatch | None) -> tuple[dict, list[tuple[int, float]]]:
     lags: list[tuple[int, float]] = []
-    task = asyncio.create_task(_sample_lag(lags))
+    task = asyncio.create_task(_sample_lag(lags, watch=watch))
     try:
         summary = await run_async(cfg, base_url, embedded=True)
     finally:
@@ -66,12 +152,18 @@ def one(conc: int, args: argparse.Namespace, tok_dir: str | None, out: Path) -> 
     cfg = RunConfig(trace=args.trace, conc=conc, duration_s=args.duration, tokenizer=tok_dir,
                     context_scale=args.context_scale, max_think_s=args.max_think,
                     thinking="off", output_dir=str(out), overwrite=True, progress=False,
-                    validation="off", drain_timeout_s=5.0, seed=args.seed)
+                    validation="off", drain_timeout_s=5.0, seed=args.seed,
+                    scrape_interval_s=args.scrape_interval)
     sim = start_in_process(cfg.sim.model_copy(update={"port": 0}))
+    watch = StallWatch(args.stalls) if args.stalls else None
+    if watch:
+        watch.start()
     try:
-        summary, lags = aio.run(_run_sampled(cfg, sim.base_url))
+        summary, lags = aio.run(_run_sampled(cfg, sim.base_url, watch))
     finally:
         sim.stop()
+        if watch:
+            watch.stop()
     load = os.getloadavg()
     recs = [r for r in read_records(out / "requests.jsonl") if r.get("start_ns")]
     first_of_lane: dict[int, dict] = {}
@@ -89,6 +181,8 @@ def one(conc: int, args: argparse.Namespace, tok_dir: str | None, out: Path) -> 
           f"{max(later, default=float('nan')):>8.1f} {_p(first, 50):>9.1f} {_p(first, 99):>9.1f} "
           f"{_p(after, 99):>8.2f} {max(after, default=float('nan')):>8.1f} "
           f"{100 * exact:>6.1f}% {load[0]:>5.2f}  {build}")
+    if watch:
+        watch.report(t_first, t_last)
 
 
 def main() -> None:
@@ -102,6 +196,11 @@ def main() -> None:
     ap.add_argument("--tokenizer", help="HF tokenizer dir (default: the tiny test model's)")
     ap.add_argument("--baseline", action="store_true",
                     help="also run each concurrency without a tokenizer, for comparison")
+    ap.add_argument("--scrape-interval", type=float, default=5.0,
+                    help="the run's /metrics period in s (0: no scraping), as agentx run's")
+    ap.add_argument("--keep", metavar="DIR", help="keep the runs' output directories in DIR")
+    ap.add_argument("--stalls", type=float, metavar="MS",
+                    help="print where the loop was when it stalled longer than MS, and gc pauses")
     args = ap.parse_args()
     tok_dir = args.tokenizer or default_tokenizer()
     print(f"token-exact lag: trace {args.trace}, context scale {args.context_scale}, max think "
@@ -111,6 +210,7 @@ def main() -> None:
           f"{'first p50':>9} {'first p99':>9} {'loop p99':>8} {'loop max':>8} {'exact':>7} "
           f"{'load':>5}  build")
     with tempfile.TemporaryDirectory(prefix="agentx-lag-") as tmp:
+        tmp = args.keep or tmp
         for conc in (int(c) for c in args.conc.split(",")):
             one(conc, args, tok_dir, Path(tmp) / f"c{conc}")
             if args.baseline:

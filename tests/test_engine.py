@@ -97,6 +97,24 @@ def test_think_time_scaled_and_capped(tmp_path):
         assert statistics.median(gaps) <= expect + 0.03, (scale, cap, gaps)
 
 
+def test_a_lane_goes_on_with_its_next_session_at_once(tmp_path):
+    """The next session is opened while the current one's last turn runs: its first request
+    is due when the last response ends, and goes then (the history build is not in it)."""
+    trace = write_trace(tmp_path / "tr", sessions=4, turns=3, think=0.3, out=5)
+    run(_cfg(tmp_path, trace, conc=2, duration_s=4.0, think_scale=0.2))
+    recs = sorted(read_records(tmp_path / "out" / "requests.jsonl"),
+                  key=lambda r: r["intended_send_ns"])
+    by_lane = defaultdict(list)
+    for r in recs:
+        by_lane[r["lane"]].append(r)
+    gaps = [(b["intended_send_ns"] - a["end_ns"]) / 1e6
+            for lane_recs in by_lane.values() for a, b in zip(lane_recs, lane_recs[1:])
+            if a["session_id"] != b["session_id"] and b["start_ns"]]
+    assert len(gaps) >= 4, gaps
+    assert max(gaps) < 20.0, gaps  # ms: the bookkeeping after a response, nothing more
+    assert statistics.median(r["dispatch_lag_ms"] for r in recs if r["start_ns"]) < 5.0
+
+
 def test_warmup_requests_flagged_and_excluded(tmp_path):
     trace = write_trace(tmp_path / "tr", think=0.05)
     s = run(_cfg(tmp_path, trace, conc=2, duration_s=3.0, warmup_s=1.0))

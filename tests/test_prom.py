@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import pickle
 import re
 
 import aiohttp
@@ -15,6 +16,7 @@ from aiohttp import web
 
 from agentx.metrics import server_metrics as sm
 from agentx.metrics.prom import counter_delta, parse_metrics
+from agentx.metrics.scrape_process import ScraperProcess
 from agentx.metrics.scraper import MetricsScraper, metrics_url
 from conftest import SAMPLES
 
@@ -424,3 +426,32 @@ async def _wait_for(cond, timeout: float = 5.0) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.01)
+
+
+async def test_scraper_process_matches_the_scraper_and_keeps_no_secret(
+        server: FakeMetricsServer, tmp_path) -> None:
+    """`agentx run` scrapes from a child process (none of the parsing holds the client's
+    GIL): the baseline scrape is there after start, the final one after stop, each scrape
+    is a line of metrics.jsonl, and the scraper sent back carries no header (an API key)."""
+    out = tmp_path / "metrics.jsonl"
+    scr = ScraperProcess(server.url, interval_s=0.2, headers={"Authorization": "Bearer s3cret"},
+                         out_path=out)
+    await scr.start()
+    assert scr.first is not None
+    server.phase = "after"
+    await asyncio.sleep(0.5)
+    await scr.stop()
+    res = scr.compute()
+    direct = sm.compute(parse_metrics(BEFORE, t=0), parse_metrics(AFTER, t=1))
+    assert res["prefix_cache"]["hits"] == direct["prefix_cache"]["hits"]
+    assert res["scrape"]["attempts"] >= 3 and res["scrape"]["errors"] == 0
+    assert len(out.read_bytes().splitlines()) == len(scr.scraper.series) >= 3
+    assert scr.scraper.headers == {} and b"s3cret" not in pickle.dumps(scr.scraper)
+
+
+async def test_scraper_process_against_nothing_reports_errors(tmp_path) -> None:
+    scr = ScraperProcess("http://127.0.0.1:9/metrics", interval_s=0.1, timeout_s=1.0)
+    await scr.start()
+    await scr.stop()
+    assert scr.first is None
+    assert scr.compute()["scrape"]["errors"] >= 2

@@ -18,9 +18,11 @@ import numpy as np
 import orjson
 import pytest
 
+from agentx.aio import run_steps
 from agentx.client.http import ClientConfig
 from agentx.engine.sender import TokenIdsSender
 from agentx.prompt.blocks import BlockFactory
+from agentx.prompt.exact import SessionIds
 from agentx.prompt.synth import Conversation, SynthConfig
 from agentx.prompt.token_model import hf_model
 from agentx.prompt.tokenizer import BuiltinTokenizer
@@ -203,3 +205,46 @@ def test_same_seed_same_bytes(tok_dirs, sessions):
         bodies.append(out)
     assert bodies[0] == bodies[1]
     assert np.all([len(b) > 0 for b in bodies[0]])
+
+
+def test_lazy_text_sends_the_same_bytes_and_materializes_the_same_text(tok_dirs, sessions):
+    """The engine's token-exact conversations make no message text (lazy_text): the bodies
+    equal those of conversations that make it, and `materialize` (what a fallback render
+    asks for) gives the same messages, in the same message objects the sender keeps."""
+    tm = hf_model(str(tok_dirs["tiny"]), None)
+    snd = _sender(None)
+    s = max(sessions[:10], key=lambda t: len(t.turns))
+    text = Conversation(s, "L1.0", SynthConfig("lazy", context_scale=SCALE), tm)
+    lazy = Conversation(s, "L1.0", SynthConfig("lazy", context_scale=SCALE, lazy_text=True), tm)
+    for i, turn in enumerate(s.turns[:25]):
+        p, q = text.next_turn(turn, i), lazy.next_turn(turn, i)
+        assert all(m["content"] is None for m in lazy.messages)
+        assert b"".join(asyncio.run(snd.build(text, p))) == b"".join(asyncio.run(snd.build(lazy, q)))
+        text.answered(p.max_tokens)
+        lazy.answered(q.max_tokens)
+    kept = list(lazy.messages)
+    lazy.materialize()
+    assert lazy.messages == text.messages
+    assert all(a is b for a, b in zip(kept, lazy.messages))
+
+
+def test_history_sync_is_stepped_and_equals_one_piece(tok_dirs, sessions):
+    """A lane's first request encodes its whole history; `SessionIds.sync` hands the loop
+    back between messages once a step's budget is spent, and the result is the same."""
+    tm = hf_model(str(tok_dirs["tiny"]), None)
+    s = max(sessions[:10], key=lambda t: len(t.turns))
+    conv = Conversation(s, "L2.0", SynthConfig("steps", context_scale=SCALE, lazy_text=True), tm)
+    for i, turn in enumerate(s.turns[:40]):
+        conv.answered(conv.next_turn(turn, i).max_tokens)
+    one, stepped = SessionIds(), SessionIds()
+    run_steps(one.sync(conv.messages, conv.content_specs, tm.pieces, s.block_size))
+    gen = stepped.sync(conv.messages, conv.content_specs, tm.pieces, s.block_size, step_ns=0)
+    steps = 0
+    while True:
+        try:
+            next(gen)
+            steps += 1
+        except StopIteration:
+            break
+    assert steps == len(conv.messages) - 1  # a zero budget: one message per step
+    assert stepped.chunks == one.chunks and stepped.total == one.total

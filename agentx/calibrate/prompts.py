@@ -11,7 +11,7 @@ import orjson
 from .. import aio
 from ..client.http import ClientConfig, chat_body, first_model, make_session, stream_request
 from ..errors import InputError
-from ..metrics.scraper import ScraperThread
+from ..metrics.scrape_process import ScraperProcess
 from ..records import RecordWriter, RequestRecord, read_records
 
 DEFAULT_MAX_TOKENS = 256
@@ -53,7 +53,7 @@ async def _send(w, url: str, model: str | None, thinking: str,
     out.mkdir(parents=True, exist_ok=True)
     ccfg = ClientConfig(base_url=url, thinking=thinking, extra_body=dict(w.extra_body),
                         cache_salt=secrets.token_hex(8))
-    scraper = ScraperThread(url + "/metrics", interval_s=3600.0)
+    scraper = ScraperProcess(url + "/metrics", interval_s=3600.0)
     async with make_session(ccfg) as session:
         ccfg.model = model or (await first_model(session, url))[0]
         await scraper.start()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import socket
+import sys
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
@@ -26,6 +27,13 @@ from ..trace.model import TraceSet
 from .lanes import Engine, EngineConfig
 from .selfmon import LoopLagSampler
 from .sender import ChatSender, TokenIdsSender
+
+# How long another thread of this process may keep the GIL once the loop asks for it back.
+# The /metrics scraper's thread parses each scrape in Python (~30 ms for vLLM's page of 56 kB,
+# tests/data/vllm-samples); at CPython's default 5 ms the loop waited up to 5 ms per wake-up
+# through it, 20-35 ms stalls in all (bench/token_exact_lag.py --stalls). A thread that asks
+# for nothing is not affected; a contended hand-over every 0.5 ms costs a few us.
+SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass
@@ -107,7 +115,8 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
     synth = SynthConfig(run_ns=spec.run_ns, shared_prefix=r.shared_prefix,
                         context_scale=r.context_scale, live_history=r.live_history,
                         max_prompt_tokens=(spec.max_model_len - 16) if spec.max_model_len
-                        else None)
+                        else None,
+                        lazy_text=tm.kind == "hf" and tm.pieces is not None)
     ecfg = EngineConfig(conc=r.conc, lanes=spec.lanes, duration_s=r.duration_s,
                         max_requests=spec.max_requests, warmup_s=r.warmup_fixed_s(),
                         warmup_auto=r.warmup_auto(), ramp_up_s=r.ramp_up(),
@@ -125,6 +134,7 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
         if on_engine:
             on_engine(engine)
         tm.factory.prepare()  # the block tape (~0.2 s) now, not in the first request
+        await engine.prepare()  # every lane's first session built before the start
         # every lane's connection now, while the server is idle (HTTPClient.preconnect). A
         # server that closes idle ones sooner than a lane starts (vLLM after 5 s:
         # VLLM_HTTP_TIMEOUT_KEEP_ALIVE, vllm/envs.py) makes that lane connect at its start.
@@ -132,6 +142,8 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
         # A full collection walks every tracked object: with the real traces loaded that is
         # ~1 s during which no timestamp is taken. Frozen objects are never walked.
         gc.freeze()
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         lag.start()
         try:
             # a worker reports ready and gets the shared start instant (workers.StartGate)
@@ -139,6 +151,7 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
         finally:
             await lag.stop()
             writer.close()
+            sys.setswitchinterval(switch)
             gc.unfreeze()
     st = engine.stats
     return DriveResult(spec.worker, engine.t_start_ns, engine.t_end_ns, engine.warmup_end_ns,

@@ -1,11 +1,19 @@
 """Closed-loop replay engine: N session lanes, each replaying sessions turn by turn.
 
-A lane picks a session (Planner), rebuilds its history up to the start turn without sending,
-sends the turn before the start as a flagged warm-up ("prime") request, then per turn: sleep
-the (scaled, capped) think time, send, await the full response, next. A subagent step runs
-the child session inside the lane; the parent continues when it has finished. When the
-session ends the lane picks a new one. Only N lanes exist, so at most N sessions are in
-progress and at most N requests are in flight.
+A lane picks a session (Planner) and opens it: rebuilds its history up to the start turn
+without sending and builds its first request, the turn before the start, sent as a flagged
+warm-up ("prime") request. Then per turn: build the request, wait out the rest of the
+(scaled, capped) think time counted from the previous response's end, send, await the full
+response, next. A subagent step runs the child session inside the lane; the parent continues
+when it has finished. When the session ends the lane goes on with the next one at once.
+Only N lanes exist, so at most N sessions are in progress and at most N requests are in
+flight.
+
+Building never sits between a request's intended send time and its send where it can be
+avoided: every lane's first session is opened before the start (`prepare`), the next
+session is opened while the current one's last turn runs, and a turn is built inside its
+think time. The intended send time is the think time's end (a session's first request: the
+previous session's end, or the lane's start), so `dispatch_lag_ms` counts what did not fit.
 
 Start-up: lane i starts at i x --ramp-up / conc. Warm-up: requests sent before the warm-up
 ends are flagged (and the primes always): after --warmup seconds, or with --warmup auto when
@@ -23,8 +31,9 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
+from ..aio import Steps, run_steps, run_steps_async
 from ..client.facts import StreamFacts
 from ..plan import Planner, split_count
 from ..prefix_cache import PrefixCache, TieredCache
@@ -64,7 +73,11 @@ class EngineConfig:
 
 
 class Sender(Protocol):
-    async def send(self, conv: Conversation, turn: PreparedTurn, rec: RequestRecord) -> str | None:
+    async def prepare(self, conv: Conversation, turn: PreparedTurn) -> Any:
+        """What `send` needs, made before the send time (the body, or None)."""
+
+    async def send(self, conv: Conversation, turn: PreparedTurn, rec: RequestRecord,
+                   prepared: Any = None) -> str | None:
         """Send one turn, fill rec; return the generated text when live history is on."""
 
 
@@ -96,8 +109,29 @@ class LiveStats:
             del self.recent_tpot_ms[:-512]
 
 
+def _wake(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class _LaneDone(Exception):
     """This lane has started its share of --max-requests."""
+
+
+@dataclass
+class _Opened:
+    """A session ready to send: history built, its first request built (`prepared`, `body`)
+    from its step `pos` (None: the session has no turn to send)."""
+
+    conv: Conversation
+    instance: str
+    sid: str
+    subagent: str
+    start_turn: int
+    pos: int | None = None
+    turn_no: int = -1
+    prepared: PreparedTurn | None = None
+    body: Any = None
 
 
 class Engine:
@@ -110,6 +144,7 @@ class Engine:
         self.sender, self.cfg, self.on_record = sender, cfg, on_record
         self.stats = LiveStats(lanes=len(cfg.lanes) if cfg.lanes is not None else cfg.conc)
         self._stop = asyncio.Event()
+        self._sleepers: set[asyncio.Future] = set()  # lanes in _pause, woken by a stop
         self._forced = False
         self._inflight: dict[str, asyncio.Task] = {}
         self._req_seq = 0
@@ -123,6 +158,9 @@ class Engine:
         self._timer: asyncio.TimerHandle | None = None
         self.stop_reason = ""
         self._errors = ErrorWindow(cfg.max_error_rate, cfg.error_window)
+        # the cache model's operations run one at a time, each in steps (prefix_cache.py)
+        self._cache_lock = asyncio.Lock()
+        self._opened: dict[int, _Opened] = {}  # lanes' first sessions, opened by `prepare`
 
     # -- control ----------------------------------------------------------------------------
     def request_stop(self, force: bool = False, reason: str = "signal") -> None:
@@ -140,16 +178,28 @@ class Engine:
             self.stop_reason = reason
             self.stop_ns = perf_ns()
             self._stop.set()
+            for fut in self._sleepers:
+                _wake(fut)
 
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    def _lane_ids(self) -> list[int]:
+        return self.cfg.lanes if self.cfg.lanes is not None else list(range(self.cfg.conc))
+
+    async def prepare(self) -> None:
+        """Open every lane's first session before the start, so the first requests are sent
+        at the start, not after their histories are built (~10 ms of work each, one lane
+        after another on this loop: at 64 lanes 0.6 s that would fall inside the run)."""
+        for lane in self._lane_ids():
+            self._opened[lane] = await self._open_pick(lane, 0)
+
     async def run(self, t0_ns: int | None = None) -> None:
         """Run the lanes; with t0_ns (a monotonic instant shared by worker processes) start
         at that instant so every worker's duration and warm-up windows line up."""
         cfg = self.cfg
-        lanes = cfg.lanes if cfg.lanes is not None else list(range(cfg.conc))
+        lanes = self._lane_ids()
         if t0_ns is not None and t0_ns > perf_ns():
             await asyncio.sleep((t0_ns - perf_ns()) / 1e9)
         self.t_start_ns = t0_ns if t0_ns is not None else perf_ns()
@@ -217,92 +267,166 @@ class Engine:
             start = self.t_start_ns + int(lane * cfg.ramp_up_s / cfg.conc * 1e9)
             await self._pause((start - perf_ns()) / 1e9)
         n = 0
-        while not self.stopping:
-            pick = self.planner.pick(lane, n)
-            n += 1
-            self.stats.sessions_active += 1
-            self.stats.max_sessions_active = max(self.stats.max_sessions_active,
-                                                 self.stats.sessions_active)
-            try:
-                await self._session(lane, pick.trace, pick.instance, pick.start_turn, "")
-            except _LaneDone:
-                if not any(self._budget.values()):
-                    self._end("max_requests")
-                return
-            except Exception as exc:  # a bug must not silently leave the run a lane short
-                self._end(f"error: lane {lane} ({pick.trace.id}): {type(exc).__name__}: {exc}")
-                raise
-            finally:
-                self.stats.sessions_active -= 1
+        ahead: _Opened | asyncio.Task | None = self._opened.pop(lane, None)
 
-    async def _session(self, lane: int, trace: Trace, instance: str, start_turn: int,
-                       subagent: str) -> None:
+        def open_next() -> None:  # called when the current session's last turn is built
+            nonlocal ahead
+            if ahead is None and not self.stopping:
+                ahead = asyncio.create_task(self._open_pick(lane, n))
+
+        try:
+            while not self.stopping:
+                ready_ns = perf_ns()  # the previous session's end: this one is due now
+                this = n
+                self.stats.sessions_active += 1
+                self.stats.max_sessions_active = max(self.stats.max_sessions_active,
+                                                     self.stats.sessions_active)
+                try:
+                    if isinstance(ahead, asyncio.Task):
+                        op = await ahead
+                    else:
+                        op = ahead or await self._open_pick(lane, n)
+                    ahead = None
+                    n += 1
+                    await self._run_session(lane, op, ready_ns, open_next)
+                except _LaneDone:
+                    if not any(self._budget.values()):
+                        self._end("max_requests")
+                    return
+                except Exception as exc:  # a bug must not silently leave the run a lane short
+                    trace_id = self.planner.pick(lane, this).trace.id
+                    self._end(f"error: lane {lane} ({trace_id}): {type(exc).__name__}: {exc}")
+                    raise
+                finally:
+                    self.stats.sessions_active -= 1
+        finally:
+            if isinstance(ahead, asyncio.Task):  # the run stopped before that session began
+                ahead.cancel()
+                await asyncio.gather(ahead, return_exceptions=True)
+
+    async def _open_pick(self, lane: int, n: int) -> _Opened:
+        pick = self.planner.pick(lane, n)
+        return await self._open(pick.trace, pick.instance, pick.start_turn, "")
+
+    async def _open(self, trace: Trace, instance: str, start_turn: int,
+                    subagent: str) -> _Opened:
+        """Build a session's history up to its first request to send, and that request."""
         conv = Conversation(trace, instance, self.synth, self.tm)
         sid = f"{self.synth.run_ns[:8]}-{instance}{'/' + subagent if subagent else ''}"
-        turn_no = -1
-        sent = False
-        for step in trace.steps:
-            if self.stopping:
-                return
-            if isinstance(step, Subagent):
-                if sent:  # spawned after this replay started sending: run it, then go on
-                    await self._subagents(lane, step, instance)
+        op = _Opened(conv, instance, sid, subagent, start_turn)
+        for pos, step in enumerate(trace.steps):
+            if isinstance(step, Subagent):  # spawned before this replay starts sending
                 continue
-            turn_no += 1
-            if turn_no < start_turn - 1 or (turn_no == start_turn - 1 and not self.cfg.prime):
-                prepared = conv.next_turn(step, turn_no)  # history only, not sent
+            op.turn_no += 1
+            if op.turn_no < start_turn - 1 or (op.turn_no == start_turn - 1
+                                               and not self.cfg.prime):
+                prepared = conv.next_turn(step, op.turn_no)  # history only, not sent
                 conv.answered(prepared.max_tokens)
                 # one turn's build at a time: a lane starting deep into a long session builds
                 # its whole history here, which in one piece held the loop (and every other
                 # lane's timestamps) for hundreds of ms
                 await asyncio.sleep(0)
                 continue
-            prime = turn_no == start_turn - 1
-            if sent:  # the lane's first request goes at once; later ones after think time
-                await self._think(step.think_time)
-                if self.stopping:
-                    return
-            await self._request(lane, conv, step, turn_no, sid, trace.id, subagent, prime, sent)
-            sent = True
+            op.pos, op.prepared = pos, conv.next_turn(step, op.turn_no)
+            op.body = await self.sender.prepare(conv, op.prepared)
+            return op
+        return op
 
-    async def _subagents(self, lane: int, step: Subagent, instance: str) -> None:
-        child = f"{instance}.{step.agent_id}"
-        await self._session(lane, step.trace, child, 0, step.agent_id)
+    async def _run_session(self, lane: int, op: _Opened, ready_ns: int,
+                           on_last_turn: Callable[[], None] | None = None) -> None:
+        """Send an opened session's requests from its first, due at `ready_ns`."""
+        if op.pos is None:
+            return
+        conv, steps = op.conv, op.conv.trace.steps
+        last = max(i for i, st in enumerate(steps) if not isinstance(st, Subagent))
+        turn_no, prepared, body, due = op.turn_no, op.prepared, op.body, ready_ns
+        for pos in range(op.pos, len(steps)):
+            step = steps[pos]
+            if self.stopping:
+                return
+            if isinstance(step, Subagent):  # spawned while this replay sends: run it, go on
+                await self._session(lane, step.trace, f"{op.instance}.{step.agent_id}", 0,
+                                    step.agent_id)
+                ready_ns = perf_ns()
+                continue
+            if pos != op.pos:  # built inside its think time, counted from the last response
+                turn_no += 1
+                due = ready_ns + self._think_ns(step.think_time)
+                prepared = conv.next_turn(step, turn_no)
+                body = await self.sender.prepare(conv, prepared)
+            if pos == last and on_last_turn is not None:
+                on_last_turn()
+            if self._budget is not None:
+                if self._budget[lane] <= 0:
+                    raise _LaneDone
+                self._budget[lane] -= 1
+            await self._pause((due - perf_ns()) / 1e9)
+            if self.stopping:
+                return
+            ready_ns = await self._request(lane, conv, step, turn_no, op.sid, conv.trace.id,
+                                           op.subagent, turn_no == op.start_turn - 1,
+                                           pos != op.pos, prepared, body, due)
+            body = None
 
-    async def _think(self, think_s: float) -> None:
-        await self._pause(min(think_s * self.cfg.think_scale, self.cfg.max_think_s))
+    async def _session(self, lane: int, trace: Trace, instance: str, start_turn: int,
+                       subagent: str) -> None:
+        """Open a session and run it (a subagent's: its first request is due now)."""
+        ready_ns = perf_ns()
+        await self._run_session(lane, await self._open(trace, instance, start_turn, subagent),
+                                ready_ns)
+
+    def _think_ns(self, think_s: float) -> int:
+        return int(min(think_s * self.cfg.think_scale, self.cfg.max_think_s) * 1e9)
 
     async def _pause(self, delay: float) -> None:
-        """Sleep `delay` s, or less if the run stops meanwhile."""
-        if delay > 0:
-            try:
-                await asyncio.wait_for(self._stop.wait(), timeout=delay)
-            except asyncio.TimeoutError:
-                pass
-
-    def _expect_pool(self, rec: RequestRecord, keys: list, block_size: int) -> None:
-        """The server holds the prompt's blocks from its send until the response ends: acquire
-        them in the pool model (released in _request) and record the pool-aware expected hit
-        (the infinite-cache figure when the server's pool is unknown)."""
-        hit_blocks = self.cache_model.acquire(keys)
-        if hit_blocks is None:
+        """Sleep `delay` s, or less if the run stops meanwhile. One timer and one future:
+        `wait_for(event.wait())` took a task, a cancellation and several loop turns to wake,
+        all of it dispatch lag."""
+        if delay <= 0 or self.stopping:
             return
-        bs_tokens = block_size * self.synth.context_scale
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        handle = loop.call_later(delay, _wake, fut)
+        self._sleepers.add(fut)
+        try:
+            await fut
+        finally:
+            handle.cancel()
+            self._sleepers.discard(fut)
+
+    async def _cache_op(self, steps: Steps[Any]) -> Any:
+        """One cache-model operation, in steps, after those already queued (so the model goes
+        through the same states as if each ran at once, in call order)."""
+        async with self._cache_lock:
+            try:
+                return await run_steps_async(steps)
+            except asyncio.CancelledError:
+                run_steps(steps)  # finish it now: a half-done operation would corrupt the model
+                raise
+
+    async def _expect_pool(self, rec: RequestRecord, conv: Conversation,
+                           step: Turn) -> list | None:
+        """The server holds the prompt's blocks from its send until the response ends: acquire
+        them in the pool model (released by the caller) and record the pool-aware expected
+        hit (the infinite-cache figure when the server's pool is unknown). Returns the keys
+        acquired."""
+        keys = conv.block_keys(step.hash_ids)
+        hit_blocks = await self._cache_op(self.cache_model.acquire_steps(keys))
+        if hit_blocks is None:
+            return keys
+        bs_tokens = conv.trace.block_size * self.synth.context_scale
         rec.cached_expected_pool = min(rec.isl_intended, int(hit_blocks * bs_tokens))
         tier_blocks = getattr(self.cache_model, "last_tier_hits", 0)
         rec.cached_expected_offload = min(rec.cached_expected_pool, int(tier_blocks * bs_tokens))
+        return keys
 
     async def _request(self, lane: int, conv: Conversation, step: Turn, turn_no: int, sid: str,
-                       trace_id: str, subagent: str, prime: bool, warm: bool) -> None:
-        """Send one turn; `warm` says this conversation already sent a request (so the
-        trace's prefix hit applies to it; the first request of a replay finds a cold cache)."""
+                       trace_id: str, subagent: str, prime: bool, warm: bool,
+                       prepared: PreparedTurn, body: Any, intended: int) -> int:
+        """Send one built turn that was due at `intended`; `warm` says this conversation
+        already sent a request (so the trace's prefix hit applies to it; the first request of
+        a replay finds a cold cache). Returns when the response ended."""
         cfg = self.cfg
-        if self._budget is not None:
-            if self._budget[lane] <= 0:
-                raise _LaneDone
-            self._budget[lane] -= 1
-        intended = perf_ns()
-        prepared = conv.next_turn(step, turn_no)
         expected = prepared.expected_cached if warm else 0
         max_tokens = prepared.max_tokens
         if cfg.max_model_len:
@@ -319,21 +443,17 @@ class Engine:
         self.stats.started += 1
         self.stats.in_flight += 1
         self.stats.max_in_flight = max(self.stats.max_in_flight, self.stats.in_flight)
-        task = asyncio.create_task(self.sender.send(conv, prepared, rec))
-        self._inflight[rid] = task
+        # the lane sends itself, so the write happens in this loop turn (a request task would
+        # start a turn or two later: dispatch lag); a stop cancels the lane while in flight
+        self._inflight[rid] = asyncio.current_task()
+        # the cache-model bookkeeping (~1 us per prompt block) starts after the write
+        acquire = asyncio.create_task(self._expect_pool(rec, conv, step))
         live_text = None
         keys: list | None = None
+        end_ns = 0
         try:
-            # the request's first step (build and write) runs before the cache-model
-            # bookkeeping below, which costs ~1 us per prompt block and is not the request's
-            await asyncio.sleep(0)
-            keys = conv.block_keys(step.hash_ids)
-            self._expect_pool(rec, keys, conv.trace.block_size)
-            live_text = await asyncio.shield(task)
+            live_text = await self.sender.send(conv, prepared, rec, body)
         except asyncio.CancelledError:
-            if not task.done():  # this lane itself was cancelled: let the request record
-                task.cancel()  # what it saw (the client assembles a cancelled record)
-                await asyncio.wait({task}, timeout=1.0)
             if not rec.start_ns:  # cancelled before it was sent: nothing was measured
                 assemble(rec, StreamFacts(error="cancelled"))
         except Exception as exc:  # a bug in rendering/sending must not lose the record
@@ -341,9 +461,12 @@ class Engine:
             rec.error_detail = str(exc)[:300]
             rec.ok = False
         finally:
-            if keys is not None:
-                self.cache_model.release(keys)
+            end_ns = perf_ns()
             self._inflight.pop(rid, None)
+            try:
+                keys = await acquire
+            except Exception as exc:  # the record matters more than the model
+                rec.error_detail = rec.error_detail or f"cache model: {exc}"[:300]
             self.stats.in_flight -= 1
             self.stats.note(rec)
             self._first_ended(lane)
@@ -353,4 +476,7 @@ class Engine:
             res = self.on_record(rec)
             if asyncio.iscoroutine(res):
                 await res
+            if keys is not None:
+                await self._cache_op(self.cache_model.release_steps(keys))
         conv.answered(rec.osl or max_tokens, live_text)
+        return end_ns

@@ -65,7 +65,11 @@ def interactivity_tok_s(tpot: float | None) -> float | None:
 
 
 def dispatch_lag_ms(intended_send_ns: int, start_ns: int) -> float | None:
-    """Send - intended send (end of think time): how late the client itself was."""
+    """Send - intended send: how late the client itself was. The intended send is when the
+    trace says the request is due: the previous response's end plus the (scaled, capped)
+    think time; a session's first request, the previous session's end or the lane's start.
+    Building the request runs before that instant where it can (engine/lanes.py), so this
+    counts the build only when it did not fit."""
     if not intended_send_ns or not start_ns:
         return None
     return max(0, start_ns - intended_send_ns) / 1e6

@@ -5,8 +5,8 @@ connection, HTTP error, timeout, unparseable text) is recorded in ``errors``
 and the run goes on; the validator reports missing metrics instead.
 
 A scrape costs 10-40 ms of Python (HTTP, then parsing a 50 KB page), which on the
-event loop that timestamps streamed tokens delays every chunk arriving meanwhile.
-``ScraperThread`` runs a scraper on an event loop of its own thread instead.
+event loop that timestamps streamed tokens delays every chunk arriving meanwhile: runs
+scrape from a child process (scrape_process.py), which sends this object back when stopped.
 
 With ``out_path`` each successful scrape is also appended to that file (metrics.jsonl) as one
 complete line, one write(2) each, as it is taken: a run killed mid-way keeps its series.
@@ -14,7 +14,6 @@ complete line, one write(2) each, as it is taken: a run killed mid-way keeps its
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from pathlib import Path
 from typing import Sequence
@@ -94,6 +93,13 @@ class MetricsScraper:
         self._keys: dict[SampleKey, SampleKey] = {}
         self._parse_in_thread = parse_in_thread  # False when already off the benchmark loop
         self._out = open(out_path, "wb", buffering=0) if out_path is not None else None
+
+    def __getstate__(self) -> dict:
+        """What a scrape process sends back: the results, not its session, task, file or
+        headers (which may hold an API key)."""
+        state = dict(self.__dict__)
+        state.update(_session=None, _task=None, _out=None, headers={})
+        return state
 
     @property
     def available(self) -> bool:
@@ -182,46 +188,3 @@ class MetricsScraper:
             name, how = SERIES_KEYS.get(key, (key, "sum"))
             row[key] = snap.mean(name) if how == "mean" else snap.sum(name)
         return row
-
-
-class ScraperThread:
-    """A MetricsScraper on its own thread and event loop, driven from the benchmark loop:
-    `start()` / `stop()` are awaited there, the results are read after `stop()`."""
-
-    def __init__(self, url: str, interval_s: float = 5.0, headers: dict | None = None,
-                 timeout_s: float = 10.0, out_path: str | Path | None = None) -> None:
-        self.scraper = MetricsScraper(None, url, interval_s, headers, timeout_s,
-                                      parse_in_thread=False, out_path=out_path)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-
-    async def _call(self, coro):
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
-
-    async def start(self) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="agentx-scraper",
-                                        daemon=True)
-        self._thread.start()
-        await self._call(self.scraper.start())
-
-    async def stop(self) -> None:
-        if self._loop is None:
-            return
-        try:
-            await self._call(self.scraper.stop())
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            await asyncio.to_thread(self._thread.join)
-            self._loop.close()
-            self._loop = None
-
-    @property
-    def first(self) -> Snapshot | None:
-        return self.scraper.first
-
-    def compute(self, model_name: str | None = None) -> dict:
-        return self.scraper.compute(model_name)
-
-    def series_json(self, keys: Sequence[str] | None = None) -> list[dict]:
-        return self.scraper.series_json(keys)

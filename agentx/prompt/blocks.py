@@ -43,7 +43,7 @@ def mix64(x: int) -> int:
     return z ^ (z >> 31)
 
 
-def _mix64_np(x: np.ndarray) -> np.ndarray:
+def mix64_array(x: np.ndarray) -> np.ndarray:
     """mix64 over a uint64 array (wrapping arithmetic: identical on every platform)."""
     with np.errstate(over="ignore"):
         z = x + np.uint64(0x9E3779B97F4A7C15)
@@ -62,7 +62,7 @@ class _Tape:
     def __init__(self, words: Sequence[str], n: int = TAPE_TOKENS) -> None:
         nw = len(words)
         n_lines = n // 5 + 1
-        line_len = 5 + (_mix64_np(np.arange(n_lines, dtype=np.uint64) + np.uint64(TAPE_SEED))
+        line_len = 5 + (mix64_array(np.arange(n_lines, dtype=np.uint64) + np.uint64(TAPE_SEED))
                         % np.uint64(9)).astype(np.int64)
         nl_pos = np.cumsum(line_len + 1) - 1  # the newline after each line
         nl_pos = nl_pos[nl_pos < n]
@@ -71,7 +71,7 @@ class _Tape:
         # the ~4 of real BPE tokenizers on code, so bodies and histories are not inflated
         weights = np.array([max(1, 10**6 // len(w) ** 2) for w in words], dtype=np.int64)
         cum = np.cumsum(weights)
-        h = _mix64_np(np.arange(n, dtype=np.uint64) + np.uint64(TAPE_SEED * 3))
+        h = mix64_array(np.arange(n, dtype=np.uint64) + np.uint64(TAPE_SEED * 3))
         idx = np.searchsorted(cum, (h % np.uint64(cum[-1])).astype(np.int64), side="right")
         idx[nl_pos] = nw  # the newline token
         table = np.array(list(words) + ["\n"], dtype=object)
@@ -158,9 +158,10 @@ class BlockFactory:
         mixed with the id (a blake2b per block would cost more than making the block)."""
         if type(hash_id) is not int:
             return stable_seed(namespace, hash_id)
-        return mix64(self._ns_base(namespace) ^ (hash_id & M64))
+        return mix64(self.ns_base(namespace) ^ (hash_id & M64))
 
-    def _ns_base(self, namespace: str) -> int:
+    def ns_base(self, namespace: str) -> int:
+        """stable_seed(namespace), kept: every block of a namespace mixes it with its id."""
         base = self._ns_seed.get(namespace)
         if base is None:
             if len(self._ns_seed) > 65536:
@@ -267,7 +268,7 @@ class BlockFactory:
         except (ValueError, OverflowError, TypeError):  # tuple ids among them
             head = None
         if head is not None and head.ndim == 1 and head.dtype.kind in "iu":
-            seeds[:k] = _mix64_np(head.astype(np.uint64) ^ np.uint64(self._ns_base(namespace)))
+            seeds[:k] = mix64_array(head.astype(np.uint64) ^ np.uint64(self.ns_base(namespace)))
         else:
             for j in range(k):
                 seeds[j] = self.seed(namespace, ids[j])

@@ -20,12 +20,14 @@ request body is those fragments plus the new message's and the generation prompt
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 import orjson
 
+from ..aio import Steps
 from .blocks import BlockFactory
 
 ROLES = ("system", "user", "assistant")
@@ -185,14 +187,18 @@ class SessionIds:
         self.counts: list[int] = []
         self.total = 0
 
-    def sync(self, messages: list[dict], specs: list, pieces: Pieces, block_size: int) -> None:
-        """Bring the fragments up to `messages` (raises NotIncremental)."""
+    def sync(self, messages: list[dict], specs: list, pieces: Pieces, block_size: int,
+             step_ns: int = 300_000) -> Steps[None]:
+        """Bring the fragments up to `messages` (raises NotIncremental), stepped: a step ends
+        after the message that takes it past `step_ns` of work (a lane's first request
+        encodes its whole history: hundreds of messages, tens of ms in one piece)."""
         k, n, old = 0, min(len(messages), len(self.msgs)), self.msgs
         while k < n and messages[k] is old[k]:
             k += 1
         if k < len(old):
             del old[k:], self.chunks[k:], self.counts[k:]
             self.total = sum(self.counts)
+        t0 = time.perf_counter_ns()
         for j in range(k, len(messages)):
             m = messages[j]
             ids = pieces.message_ids(m["role"], specs[j], block_size)
@@ -200,6 +206,9 @@ class SessionIds:
             self.chunks.append(orjson.dumps(ids, option=_NP)[1:-1] + b"," if len(ids) else b"")
             self.counts.append(len(ids))
             self.total += len(ids)
+            if time.perf_counter_ns() - t0 > step_ns and j + 1 < len(messages):
+                yield
+                t0 = time.perf_counter_ns()
 
     def prompt_parts(self, gen: np.ndarray) -> list[bytes]:
         """The JSON fragments of the prompt's ids (without brackets): messages, then `gen`."""

@@ -22,11 +22,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import numpy as np
+
 from ..trace.model import Trace, Turn
 from ..trace.weka import common_prefix
+from .blocks import M64, mix64_array
 from .token_model import TokenModel
 
 SHARED_PREFIX_MODES = ("none", "system", "system+tools")
+SHARED_KEYS_NS = "shared"  # block_keys' namespace of the blocks every session shares
 
 
 @dataclass
@@ -36,6 +40,9 @@ class SynthConfig:
     context_scale: float = 1.0  # multiply trace token counts (fit long traces to small models)
     live_history: bool = False
     max_prompt_tokens: int | None = None  # clamp (e.g. server max_model_len - out)
+    # token-exact mode with a linear template sends ids built from `content_specs`, never the
+    # text: messages then hold content None until `materialize` (a fallback render) asks
+    lazy_text: bool = False
 
 
 @dataclass
@@ -68,6 +75,8 @@ class Conversation:
     _skip_blocks: int = 0
     _last_user_ids: list = field(default_factory=list)
     _live_text: str | None = None
+    _keys: list[int] = field(default_factory=list)  # block_keys' last answer, for `_key_ids`
+    _key_ids: Sequence = ()
 
     @property
     def own_ns(self) -> str:
@@ -102,25 +111,39 @@ class Conversation:
         shared = self.cfg.shared_prefix
         sys_ns = f"{self.cfg.run_ns}/shared-system" if shared != "none" else self.ns
         tool_ns = f"{self.cfg.run_ns}/shared-tools" if shared == "system+tools" else self.ns
-        f = self.model.factory
         spans = [(sys_ns, ["sys", *ids[:n_sys_blocks]], sys_c)]
         if tool_t:
             spans.append((tool_ns, ["tools", *ids[n_sys_blocks:n_sys_blocks + n_tool_blocks]],
                           tool_t))
-        text = "".join([f.span(ns, hids, n, bs) for ns, hids, n in spans])
-        self.messages = [{"role": "system", "content": text}]
+        self.messages = [{"role": "system", "content": self._text(spans)}]
         self.content_tokens = [sys_c + tool_t]
         self.content_specs = [spans]
         self._skip_blocks = n_sys_blocks + n_tool_blocks
 
-    def _append(self, role: str, text: str, n: int, spec: Any) -> None:
+    def _append(self, role: str, text: str | None, n: int, spec: Any) -> None:
         self.messages.append({"role": role, "content": text})
         self.content_tokens.append(n)
         self.content_specs.append(spec)
 
-    def _span(self, ns: str, ids: Sequence, n: int) -> tuple[str, list]:
+    def _text(self, spans: list) -> str | None:
+        """The text of a message's spans (None with lazy_text: made by `materialize`)."""
+        if self.cfg.lazy_text:
+            return None
+        f, bs = self.model.factory, self.trace.block_size
+        return "".join([f.span(ns, ids, n, bs) for ns, ids, n in spans])
+
+    def _span(self, ns: str, ids: Sequence, n: int) -> tuple[str | None, list]:
         """Text of a one-span message and its spec."""
-        return self.model.factory.span(ns, ids, n, self.trace.block_size), [(ns, ids, n)]
+        spec = [(ns, ids, n)]
+        return self._text(spec), spec
+
+    def materialize(self) -> None:
+        """Make the text of every message whose content lazy_text left out (in place: the
+        message objects stay the same, so a sender's per-message state stays valid)."""
+        f, bs = self.model.factory, self.trace.block_size
+        for m, spec in zip(self.messages, self.content_specs):
+            if m["content"] is None:
+                m["content"] = "".join([f.span(ns, ids, n, bs) for ns, ids, n in spec])
 
     def _current_tokens(self, with_gen: bool = True) -> int:
         tm = self.model
@@ -162,17 +185,35 @@ class Conversation:
         self.prev_in = intended
         return PreparedTurn(list(self.messages), intended, max_tokens, compaction, expected)
 
-    def block_keys(self, ids: Sequence[int]) -> list[tuple]:
-        """Cache identity of each trace block of a prompt, namespaced like its content."""
+    def block_keys(self, ids: Sequence[int]) -> list[int]:
+        """Cache identity of each trace block of a prompt, namespaced like its content: a
+        64-bit hash of (namespace, hash id). Ints, not tuples: cheaper to hash, nothing to
+        allocate per block, nothing for the garbage collector to track; two blocks collide
+        with probability ~n^2 / 2^65 (1e-8 at a million blocks). Kept between calls: a turn
+        that extends the previous prompt makes keys for its new blocks only (a long
+        session's prompt has ~13k)."""
+        common = common_prefix(self._key_ids, ids) if self._key_ids else 0
         bs = self.trace.block_size
         n_sys = -(-self.trace.system_tokens // bs) if self.trace.system_tokens else 0
         n_tool = -(-self.trace.tool_tokens // bs) if self.trace.tool_tokens else 0
         shared = self.cfg.shared_prefix
         n_shared = n_sys if shared == "system" else n_sys + n_tool if shared != "none" else 0
-        ns = self.ns
-        return [("shared", i) if i < n_shared else (ns, h) for i, h in enumerate(ids)]
+        f = self.model.factory
+        new = ids[common:]
+        try:
+            h = np.asarray(new, dtype=np.int64).astype(np.uint64)
+        except (OverflowError, TypeError, ValueError):  # ids beyond int64: one at a time
+            h = np.array([hash(x) & M64 for x in new], dtype=np.uint64)
+        base = np.full(len(h), f.ns_base(self.ns), dtype=np.uint64)
+        k = max(0, n_shared - common)  # shared blocks: by position, the same in every session
+        base[:k] = f.ns_base(SHARED_KEYS_NS)
+        h[:k] = np.arange(common, common + k, dtype=np.uint64)
+        keys = self._keys[:common]
+        keys += mix64_array(base ^ h).tolist()
+        self._keys, self._key_ids = keys, ids
+        return keys
 
-    def _answer(self, n: int) -> tuple[str, int, Any]:
+    def _answer(self, n: int) -> tuple[str | None, int, Any]:
         """(text, tokens, spec) of the last turn's answer as it joins history."""
         if self.cfg.live_history and self._live_text is not None:
             return self._live_text, n, self._live_text

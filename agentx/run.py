@@ -13,7 +13,7 @@ import secrets
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import orjson
 
@@ -42,8 +42,10 @@ from .urls import redact_url, scrub
 STOP_NOTICE = "\nagentx: stopping — draining in-flight requests (Ctrl-C again to cancel)"
 
 
-def run(cfg: RunConfig) -> dict:
-    """Run synchronously (own event loop; uvloop when installed). Returns the summary."""
+def run(cfg: RunConfig, ready: Callable[[], Awaitable[int]] | None = None) -> dict:
+    """Run synchronously (own event loop; uvloop when installed). Returns the summary.
+    `ready` (one process, no workers): awaited once everything is built, it returns the
+    perf_counter_ns instant to start at (e.g. A/B sides starting together)."""
     if cfg.output_dir is None:  # fixed once, so every check and write sees the same path
         cfg = cfg.model_copy(update={"output_dir": str(default_output_dir(cfg))})
     check_output_dir(Path(cfg.output_dir), cfg.overwrite)  # before the simulator starts
@@ -55,13 +57,14 @@ def run(cfg: RunConfig) -> dict:
             "port": 0, "api_key": cfg.secret_key(), **sim_pinned(cfg.golden_al, cfg.sim)}))
     try:
         base = sim.base_url if sim else cfg.base_url
-        return aio.run(run_async(cfg, base, embedded=sim is not None))
+        return aio.run(run_async(cfg, base, embedded=sim is not None, ready=ready))
     finally:
         if sim:
             sim.stop()
 
 
-async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) -> dict:
+async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False,
+                    ready: Callable[[], Awaitable[int]] | None = None) -> dict:
     traces = load_traces(cfg.trace)  # parse errors surface here, before any traffic
     out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
     check_output_dir(out, cfg.overwrite)
@@ -111,8 +114,10 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False) ->
     results: list[DriveResult] = []
     try:
         if not pooled:
-            results = [await _drive_here(cfg, specs[0], tm, traces)]
+            results = [await _drive_here(cfg, specs[0], tm, traces, ready)]
         else:
+            if ready:  # workers start together on their own gate, once past this one
+                await ready()
             results = await _drive_workers(cfg, specs)
     finally:
         if scraper:
@@ -147,8 +152,8 @@ def resolve_workers(cfg: RunConfig, embedded: bool) -> int:
     return min(cfg.workers, cfg.conc)
 
 
-async def _drive_here(cfg: RunConfig, spec: DriveSpec, tm: TokenModel,
-                      traces: TraceSet) -> DriveResult:
+async def _drive_here(cfg: RunConfig, spec: DriveSpec, tm: TokenModel, traces: TraceSet,
+                      ready: Callable[[], Awaitable[int]] | None = None) -> DriveResult:
     """One process: the engine runs on this event loop, progress reads its counters."""
     loop = asyncio.get_running_loop()
     done = asyncio.Event()
@@ -160,7 +165,7 @@ async def _drive_here(cfg: RunConfig, spec: DriveSpec, tm: TokenModel,
             prog.append(asyncio.create_task(_progress(cfg, engine.stats, done)))
 
     try:
-        return await drive(spec, on_engine, tm, traces)
+        return await drive(spec, on_engine, tm, traces, ready)
     finally:
         done.set()
         if prog:

@@ -29,10 +29,11 @@ from .selfmon import LoopLagSampler
 from .sender import ChatSender, TokenIdsSender
 
 # How long another thread of this process may keep the GIL once the loop asks for it back.
-# The /metrics scraper's thread parses each scrape in Python (~30 ms for vLLM's page of 56 kB,
-# tests/data/vllm-samples); at CPython's default 5 ms the loop waited up to 5 ms per wake-up
-# through it, 20-35 ms stalls in all (bench/token_exact_lag.py --stalls). A thread that asks
-# for nothing is not affected; a contended hand-over every 0.5 ms costs a few us.
+# A thread's Python (a token-exact fallback's full template render, sender.py; the /metrics
+# scraper's parsing before it moved to a child process, ~30 ms per scrape) holds the GIL up
+# to CPython's default 5 ms each time the loop wakes; 20-35 ms stalls in all when the
+# scraper was a thread (bench/token_exact_lag.py --stalls). A thread that asks for nothing
+# is not affected; a contended hand-over every 0.5 ms costs a few us.
 SWITCH_INTERVAL_S = 0.0005
 
 

@@ -12,11 +12,15 @@ caller needs a `__main__` guard. Its stdin carries the settings (the Authorizati
 included: never on a command line or in a file) and then stays open as its lifeline; closing
 it (stop(), or this process dying) makes the child take the final scrape, send its state
 back on stdout and exit. The child ignores SIGINT: a Ctrl-C drains the run, and the final
-scrape comes after that drain. The child writes metrics.jsonl itself, one line per scrape.
+scrape comes after that drain. The child writes metrics.jsonl itself, one line per scrape,
+and runs at nice 10: on a client host short of cores its parsing waits, not the client or a
+local server (a scrape's timestamp is its own HTTP round trip's midpoint either way).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import pickle
 import signal
 import struct
@@ -105,6 +109,8 @@ class ScraperProcess:
 def _child_main() -> None:
     """The child: read the settings, scrape until stdin closes, send the scraper back."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError):  # yield the cores to the client and a local server
+        os.nice(10)
     src, out = sys.stdin.buffer, sys.stdout.buffer
     args = _read(src)
     loop = new_event_loop()

@@ -79,10 +79,11 @@ def _stop_servers(sides: dict[str, Side]) -> None:
 def _both(cfg_a: RunConfig, cfg_b: RunConfig) -> list[dict]:
     """Both sides at once, each in its own client process (as two `agentx run`): sharing one
     event loop, the side whose tasks were created first would be served first at every tick.
-    They start their lanes together, once both are built: the start-up of one (imports,
-    traces, scraper process, every lane's first session) otherwise fell inside the other's
-    first seconds, and identical servers were called different on TTFT p50 in 7 of 25 seeds
-    (tests/test_ab.py, 4 s runs on 2 cores)."""
+    They start their lanes together, once both are built: otherwise the start-up of one
+    (imports, traces, scraper process, every lane's first session) falls inside the other's
+    first seconds. (It did not measurably change how often identical servers were called
+    different, 7 of 25 seeds before and 6 of 20 after in tests/test_ab.py's 4 s runs on 2
+    cores: see docs/ab.md.)"""
     ctx = multiprocessing.get_context("spawn")
     with ctx.Manager() as manager, ProcessPoolExecutor(2, mp_context=ctx) as ex:
         gate = manager.Barrier(2)

@@ -185,11 +185,8 @@ async def _drive_workers(cfg: RunConfig, specs: list[DriveSpec]) -> list[DriveRe
     # workers get SIGINT from the terminal themselves; the parent forwards it regardless
     aio.install_stop_signals(loop, pool.request_stop, STOP_NOTICE)
     prog = asyncio.create_task(_progress(cfg, pool.stats, done)) if cfg.progress else None
-    # Ray actors start at this instant (pushed back if placement takes longer); local workers
-    # start together once every one is ready instead (workers.StartGate)
-    t0 = time.perf_counter_ns() + int(3e9)
-    for s in specs:
-        s.t0_ns = t0
+    # workers and Ray actors start together once every one is ready (workers.StartGate,
+    # ray_backend.RayPool._open_gate)
     pool.start()
     try:
         results = await pool.wait()

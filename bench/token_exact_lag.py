@@ -37,6 +37,7 @@ import numpy as np
 
 from agentx import aio
 from agentx.config import RunConfig
+from agentx.engine.selfmon import runqueue_wait_ns
 from agentx.records import read_records
 from agentx.run import run_async
 from agentx.sim.embedded import start_in_process
@@ -59,15 +60,11 @@ class StallWatch:
         self.gc: list[tuple[int, float, int]] = []  # (end ns, pause ms, generation)
         self._gc_t0 = 0
         self._main = threading.get_ident()
-        self._stat = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+        self._tid = threading.get_native_id()
         self._done = threading.Event()
 
     def _wait_ns(self) -> int:
-        try:
-            with open(self._stat, "rb") as f:
-                return int(f.read().split()[1])
-        except (OSError, IndexError, ValueError):
-            return 0
+        return runqueue_wait_ns(self._tid) or 0
 
     def _gc(self, phase: str, info: dict) -> None:
         now = time.perf_counter_ns()

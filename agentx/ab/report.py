@@ -35,7 +35,8 @@ def print_ab(doc: dict, console: Console | None = None) -> None:
         ratio = "-" if m["ratio"] is None else f"{m['ratio']:.3f}"
         t.add_row(m["label"], _f(m["a"], pct), _f(m["b"], pct), _f(m["diff"], pct), ci, ratio,
                   VERDICT_STYLE[m["verdict"]])
-    t.caption = "95% CI: bootstrap interval of B - A, resampling sessions"
+    how = doc["bootstrap"].get("resampled", "sessions")
+    t.caption = f"95% CI: bootstrap interval of B - A, resampling {how}"
     console.print(t)
     for name in ("a", "b"):
         s = doc[name]
@@ -43,6 +44,12 @@ def print_ab(doc: dict, console: Console | None = None) -> None:
                       f"{s['completed']} requests in {doc['sessions'][name]} sessions, "
                       f"validation {', '.join(str(v) for v in s['validation'])}; runs: "
                       + ", ".join(s["runs"]))
+        runs = doc.get("per_run", {}).get(name, [])
+        if len(runs) > 1:  # the run-to-run spread the interval accounts for
+            console.print(f"  {name.upper()} per run: TTFT p50 "
+                          + " / ".join(_f(r and r["ttft_p50_ms"]) for r in runs)
+                          + " ms; output tok/s "
+                          + " / ".join(_f(r and r["output_tok_s"]) for r in runs))
     b = doc["bootstrap"]
-    console.print(f"intervals: {b['replicates']} bootstrap replicates resampling sessions "
+    console.print(f"intervals: {b['replicates']} bootstrap replicates resampling {how} "
                   f"(seed {b['seed']}); verdict = the interval of B - A excludes 0")

@@ -19,11 +19,12 @@ from pathlib import Path
 
 from ..config import RunConfig
 from ..errors import InputError
+from ..metrics.summary import measured
 from ..records import read_records
 from ..run import run
 from .sides import Side, open_side
 from .spec import ABConfig, default_ab_dir
-from .stats import compare, side_data
+from .stats import compare, point, side_data
 
 AB_JSON = "ab.json"
 
@@ -81,9 +82,7 @@ def _both(cfg_a: RunConfig, cfg_b: RunConfig) -> list[dict]:
     event loop, the side whose tasks were created first would be served first at every tick.
     They start their lanes together, once both are built: otherwise the start-up of one
     (imports, traces, scraper process, every lane's first session) falls inside the other's
-    first seconds. (It did not measurably change how often identical servers were called
-    different, 7 of 25 seeds before and 6 of 20 after in tests/test_ab.py's 4 s runs on 2
-    cores: see docs/ab.md.)"""
+    first seconds."""
     ctx = multiprocessing.get_context("spawn")
     with ctx.Manager() as manager, ProcessPoolExecutor(2, mp_context=ctx) as ex:
         gate = manager.Barrier(2)
@@ -122,10 +121,15 @@ def _side_summary(s: Side | None, runs: list[dict]) -> dict:
 
 def _document(cfg: ABConfig, out: Path, sides: dict[str, Side],
               summaries: dict[str, list[dict]]) -> dict:
-    data = {}
+    data, by_run = {}, {}
     for name, runs in summaries.items():
-        recs = [rec for r in runs for rec in read_records(Path(r["output_dir"]) / "requests.jsonl")]
-        data[name] = side_data(recs, sum(r["throughput"]["window_s"] for r in runs))
+        per = [read_records(Path(r["output_dir"]) / "requests.jsonl") for r in runs]
+        data[name] = side_data([rec for recs in per for rec in recs],
+                               sum(r["throughput"]["window_s"] for r in runs),
+                               runs=[i for i, recs in enumerate(per) for _ in recs])
+        # each repeat alone: the run-to-run spread the two-stage bootstrap accounts for
+        by_run[name] = [point(side_data(recs, r["throughput"]["window_s"])) if measured(recs)
+                        else None for recs, r in zip(per, runs)]
     for name, d in data.items():
         if not d.n_sessions:
             raise RuntimeError(f"side {name.upper()} measured no request: see "
@@ -134,7 +138,9 @@ def _document(cfg: ABConfig, out: Path, sides: dict[str, Side],
     return {"a": _side_summary(sides.get("a"), summaries["a"]),
             "b": _side_summary(sides.get("b"), summaries["b"]),
             "sessions": {"a": data["a"].n_sessions, "b": data["b"].n_sessions},
-            "bootstrap": {"replicates": cfg.bootstrap, "level": 0.95, "resampled": "sessions",
+            "bootstrap": {"replicates": cfg.bootstrap, "level": 0.95,
+                          "resampled": "runs, then sessions" if cfg.repeats > 1 else "sessions",
                           "seed": cfg.seed},
+            "per_run": by_run,
             "metrics": metrics, "output_dir": str(out),
             "config": cfg.public()}

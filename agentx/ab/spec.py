@@ -22,7 +22,9 @@ class ABConfig(RunConfig):
     b: str | None = opt(None, "side B: a server URL or a recipe name/path", group=AB,
                         min_length=1)
     repeats: int = opt(1, "runs per side (each of --duration or --max-requests); repeat i "
-                       "uses seed + i - 1 on both sides", group=AB, ge=1, le=1000)
+                       "uses seed + i - 1 on both sides. From 2, the intervals resample runs, "
+                       "then sessions, so they cover run-to-run variance (use 3 or more for "
+                       "short runs)", group=AB, ge=1, le=1000)
     interleave: bool = opt(False, "alternate the sides run by run (A B A B ...) instead of "
                            "all of A then all of B, so a drift of the servers or the machine "
                            "falls on both sides", group=AB)

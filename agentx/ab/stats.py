@@ -7,6 +7,13 @@ independently, as many sessions as that side has, with replacement, and recomput
 metric over all requests of the drawn sessions (a subagent's requests belong to the parent
 session); a session drawn k times weighs its requests k times, so replicates are weight
 matrices and percentiles are weighted (equal to numpy's linear rule on the repeated sample).
+With --repeats R >= 2 a side's runs are a stage above its sessions, and a replicate resamples
+both: R runs of R with replacement, then, for each run drawn, its sessions. Runs differ by
+more than their sessions show: a server that falls into another batching pattern keeps it for
+the run, so every session of the run shares it. Resampling the pooled sessions would count R
+runs' sessions as independent draws and give an interval that ignores that run-to-run
+variance (Davison & Hinkley, "Bootstrap Methods and their Application", 1997, sec. 3.8: two-
+stage resampling; with replacement at both stages it errs wide, not narrow).
 The 95% interval of B - A (and of B / A) is the 2.5th and 97.5th percentile of the
 replicates' differences (the percentile bootstrap: Efron & Tibshirani, "An Introduction to the
 Bootstrap", 1993, ch. 13). The verdict says which side is better when the interval of the
@@ -45,6 +52,11 @@ class SideData:
     cached: np.ndarray  # cached tokens (nan: not reported)
     prompt: np.ndarray
     window_s: float
+    run_of: np.ndarray | None = None  # per session: index of its run (None: one run)
+
+    @property
+    def n_runs(self) -> int:
+        return 1 if self.run_of is None or not self.run_of.size else int(self.run_of.max()) + 1
 
 
 def session_key(session_id: str) -> str:
@@ -52,12 +64,21 @@ def session_key(session_id: str) -> str:
     return session_id.split("/", 1)[0]
 
 
-def side_data(records: Sequence[dict], window_s: float) -> SideData:
-    """Measured requests (ok, not warm-up) and their sessions."""
+def side_data(records: Sequence[dict], window_s: float,
+              runs: Sequence[int] | None = None) -> SideData:
+    """Measured requests (ok, not warm-up) and their sessions; `runs`, parallel to `records`,
+    gives each record's run (repeat) index when the side ran more than once."""
+    run_of_rec = {id(r): i for r, i in zip(records, runs)} if runs is not None else None
     meas = measured(records)
     ids: dict[str, int] = {}
     owner = np.array([ids.setdefault(session_key(r["session_id"]), len(ids)) for r in meas],
                      dtype=np.int64)
+    run_of = None
+    if run_of_rec is not None:
+        run_of = np.zeros(len(ids), dtype=np.int64)
+        for r, o in zip(meas, owner):
+            run_of[o] = run_of_rec[id(r)]
+        _, run_of = np.unique(run_of, return_inverse=True)  # runs without a measured request
 
     def col(key: str) -> np.ndarray:
         return np.array([np.nan if r.get(key) is None else float(r[key]) for r in meas],
@@ -70,15 +91,32 @@ def side_data(records: Sequence[dict], window_s: float) -> SideData:
                     for r in meas], dtype=float)
     return SideData(owner=owner, n_sessions=len(ids), ttft=col("ttft_ms"), tpot=tpot,
                     e2e=col("e2e_ms"), interactivity=inter, out_tokens=np.nan_to_num(col("osl")),
-                    cached=col("cached_tokens"), prompt=isl, window_s=max(window_s, 1e-9))
+                    cached=col("cached_tokens"), prompt=isl, window_s=max(window_s, 1e-9),
+                    run_of=run_of)
 
 
 def weights(d: SideData, rng: np.random.Generator, replicates: int) -> np.ndarray:
     """(replicates, requests) multiplicities: each replicate draws n sessions of n with
-    replacement, and every request of a session drawn k times counts k times."""
+    replacement, and every request of a session drawn k times counts k times. With several
+    runs, it first draws R runs of R; a run drawn c times contributes c independent draws of
+    its n_j sessions, which together are one multinomial draw of c * n_j of them."""
     n = d.n_sessions
-    counts = rng.multinomial(n, np.full(n, 1.0 / n), size=replicates)
+    if d.n_runs <= 1:
+        counts = rng.multinomial(n, np.full(n, 1.0 / n), size=replicates)
+        return counts[:, d.owner]
+    assert d.run_of is not None
+    runs = rng.multinomial(d.n_runs, np.full(d.n_runs, 1.0 / d.n_runs), size=replicates)
+    counts = np.zeros((replicates, n), dtype=np.int64)
+    for j in range(d.n_runs):
+        mine = np.flatnonzero(d.run_of == j)
+        counts[:, mine] = rng.multinomial(runs[:, j] * mine.size, np.full(mine.size, 1.0 / mine.size))
     return counts[:, d.owner]
+
+
+def point(d: SideData, metrics: Sequence["ABMetric"] | None = None) -> dict[str, float | None]:
+    """Each metric over all of the side's requests, once (no resampling)."""
+    one = np.ones((1, d.owner.size), np.int64)
+    return {m.name: _num(m.compute(d, one)[0]) for m in (metrics or METRICS)}
 
 
 def weighted_percentile(values: np.ndarray, w: np.ndarray, q: float) -> np.ndarray:

@@ -51,7 +51,6 @@ class DriveSpec:
     run_ns: str
     max_model_len: int | None
     pool_blocks: int | None
-    t0_ns: int | None = None
     offload_blocks: int | None = None  # the offload tier behind the pool (None: no tier)
     offload_eager: bool = False  # the tier stores every computed block, not only evicted ones
     worker: int = 0
@@ -148,7 +147,7 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
         lag.start()
         try:
             # a worker reports ready and gets the shared start instant (workers.StartGate)
-            await engine.run(await ready() if ready else spec.t0_ns)
+            await engine.run(await ready() if ready else None)
         finally:
             await lag.stop()
             writer.close()

@@ -23,6 +23,7 @@ import os
 import socket
 import tarfile
 import tempfile
+import threading
 import time
 from dataclasses import asdict, fields, replace
 from pathlib import Path
@@ -37,6 +38,8 @@ from .lanes import LiveStats
 from .workers import merge_live
 
 STATS_EVERY_S = 0.5
+READY_POLL_S = 0.1  # how often the driver asks actors still starting whether they are ready
+START_MARGIN_S = 0.5  # last actor ready -> shared start: covers one go() call's round trip
 # monotonic-ns fields of a record that are instants (offsets inside a record are relative)
 INSTANT_FIELDS = ("intended_send_ns", "start_ns", "first_token_ns", "first_content_ns", "end_ns")
 
@@ -113,18 +116,33 @@ def shift_record_line(line: bytes, delta_ns: int) -> bytes:
 # ---------------------------------------------------------------- the actor
 class LaneWorker:
     """Body of the Ray actor (wrapped by ray.remote in `actor_class`): one drive() per call,
-    with stats() and stop() callable from the driver while it runs (threaded actor)."""
+    with ready(), go(), stats() and stop() callable from the driver while it runs (threaded
+    actor). Like a local worker (workers.StartGate) it reports ready once its lanes' first
+    sessions are built and connections opened, then waits for the driver's shared start."""
 
     def __init__(self) -> None:
         self._engine = None
         self._records: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_requested: bool | None = None  # None, or force for an engine not yet built
+        self._ready = threading.Event()
+        self._go = threading.Event()
+        self._t0_ns = 0
 
     def clock(self) -> dict:
         import ray
 
         return {**clock(), "node": ray.get_runtime_context().get_node_id()}
+
+    def ready(self, timeout_s: float = 0.0) -> bool:
+        """True once the lanes are ready to start (waits up to timeout_s for it)."""
+        return self._ready.wait(timeout_s)
+
+    def go(self, t0_ns: int) -> None:
+        """Start the lanes at t0_ns, an instant of this actor's monotonic clock."""
+        if not self._go.is_set():
+            self._t0_ns = t0_ns
+            self._go.set()
 
     def records_since(self, offset: int) -> bytes:
         """The complete record lines written from byte `offset` on (streamed to the driver)."""
@@ -161,8 +179,15 @@ class LaneWorker:
             if self._stop_requested is not None:
                 engine.request_stop(self._stop_requested)
 
+        # a closure, not a method: an `async def` method would make Ray run this actor's
+        # methods on its own event loop (an async actor), where run_until_complete fails
+        async def ready() -> int:
+            self._ready.set()
+            await asyncio.get_running_loop().run_in_executor(None, self._go.wait)
+            return self._t0_ns
+
         try:
-            return loop.run_until_complete(drive(spec, on_engine))
+            return loop.run_until_complete(drive(spec, on_engine, ready=ready))
         finally:
             self._loop = None
             loop.close()
@@ -174,6 +199,7 @@ class LaneWorker:
     def stop(self, force: bool = False) -> None:
         """Engine.request_stop on the actor's loop: drain, or with force cancel in-flight."""
         self._stop_requested = bool(self._stop_requested) or force
+        self.go(time.perf_counter_ns())  # lanes still waiting to start begin, then stop
         e, loop = self._engine, self._loop
         if e is None or loop is None:
             return
@@ -184,7 +210,9 @@ class LaneWorker:
 
 
 def actor_class(ray: Any):
-    return ray.remote(num_cpus=1, max_concurrency=4)(LaneWorker)
+    # run() holds one thread for the whole run; the driver's calls (ready, go, stats,
+    # records_since, stop) may overlap
+    return ray.remote(num_cpus=1, max_concurrency=8)(LaneWorker)
 
 
 # ---------------------------------------------------------------- the driver
@@ -205,10 +233,13 @@ class RayPool:
         self._refs: list = []
         self._deltas: list[int] = []
         self._per_worker: dict[int, dict] = {}
+        self._stopping = False
 
     def start(self) -> None:
-        """Place the actors (SPREAD over nodes), wait until each answers, then start them all
-        at the specs' shared instant (pushed back if placement took longer than planned)."""
+        """Place the actors (SPREAD over nodes), learn each one's clock, hand each its lanes.
+        They start together once every one is ready (`wait` opens the gate): start-up (trace
+        parse, tokenizer, first sessions) takes seconds and differs between hosts, so a fixed
+        instant either wastes it or starts a late actor inside the measured window."""
         ray = self.ray
         s0 = self.specs[0]
         files = files_to_ship(s0.run, s0.token_info)
@@ -216,7 +247,6 @@ class RayPool:
         self.actors = [cls.options(scheduling_strategy="SPREAD").remote() for _ in self.specs]
         clocks = ray.get([a.clock.remote() for a in self.actors])
         me = clock()
-        t0 = max(s0.t0_ns or 0, time.perf_counter_ns() + int(0.5e9))
         files_ref = ray.put(files)
         for s, a, c in zip(self.specs, self.actors, clocks):
             self.hosts[s.worker] = c["host"]
@@ -226,12 +256,33 @@ class RayPool:
             # same host: same monotonic clock; else local = driver + (driver off - actor off)
             d = 0 if c["host"] == me["host"] else me["offset_ns"] - c["offset_ns"]
             self._deltas.append(d)
-            s.t0_ns = t0
-            self._refs.append(a.run.remote(replace(s, t0_ns=t0 + d), files_ref))
+            self._refs.append(a.run.remote(s, files_ref))
 
     def request_stop(self, force: bool = False) -> None:
+        self._stopping = True
         for a in self.actors:
             a.stop.remote(force)
+
+    async def _open_gate(self) -> None:
+        """Once every actor still alive is ready, start them all at one instant (each in its
+        own clock). An actor that dies while starting is left out; a stop opens the gate
+        actor by actor (LaneWorker.stop)."""
+        waiting = {s.worker: a for s, a in zip(self.specs, self.actors)}
+        while waiting and not self._stopping:
+            for w in [w for w in waiting if w in self._done]:
+                del waiting[w]
+            ws = list(waiting)
+            got = await asyncio.gather(*[waiting[w].ready.remote(READY_POLL_S) for w in ws],
+                                       return_exceptions=True)  # a dead actor: see wait()
+            for w, ok in zip(ws, got):
+                if ok is True or isinstance(ok, BaseException):
+                    del waiting[w]
+        if self._stopping:
+            return
+        t0 = time.perf_counter_ns() + int(START_MARGIN_S * 1e9)
+        for s, a, d in zip(self.specs, self.actors, self._deltas):
+            if s.worker not in self._done:
+                a.go.remote(t0 + d)
 
     def _merge_stats(self) -> None:
         merge_live(self.stats, list(self._per_worker.values()))
@@ -240,6 +291,7 @@ class RayPool:
         """Gather every actor's result; its records go to its spec's records_path, instants
         in this process's monotonic base."""
         poll = asyncio.create_task(self._poll())
+        gate = asyncio.create_task(self._open_gate())
         out: list[DriveResult] = []
         names = {f.name for f in fields(DriveResult)}
         try:
@@ -248,8 +300,10 @@ class RayPool:
                     res, recs = await ref
                 except Exception as exc:  # an actor or its node died: report it, keep the others
                     self._done.add(s.worker)
+                    cause = getattr(exc, "cause", None) or exc  # RayTaskError: the actor's own
                     self.errors[s.worker] = (f"{type(exc).__name__} on Ray node "
-                                             f"{self.nodes[s.worker][:12]}: {str(exc)[:300]}")
+                                             f"{self.nodes[s.worker][:12]}: "
+                                             f"{type(cause).__name__}: {str(cause)[:300]}")
                     continue
                 self._done.add(s.worker)
                 r = DriveResult(**{k: v for k, v in res.items() if k in names})
@@ -266,6 +320,7 @@ class RayPool:
                     self.request_stop(force=True)  # the run is over, not just this actor
         finally:
             poll.cancel()
+            gate.cancel()
             for a in self.actors:
                 self.ray.kill(a)
         return out

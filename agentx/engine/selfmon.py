@@ -14,10 +14,12 @@ import time
 from ..aio import cancel_and_wait
 
 
-def runqueue_wait_ns() -> int | None:
-    """Total ns this thread has waited for a CPU while runnable (None: not Linux)."""
+def runqueue_wait_ns(native_tid: int | None = None) -> int | None:
+    """Total ns a thread (default: the calling one; else a `threading.get_native_id()` of this
+    process) has waited for a CPU while runnable (None: not Linux)."""
+    path = "/proc/thread-self/schedstat" if native_tid is None else f"/proc/self/task/{native_tid}/schedstat"
     try:
-        with open("/proc/thread-self/schedstat", "rb") as f:
+        with open(path, "rb") as f:
             return int(f.read().split()[1])
     except (OSError, IndexError, ValueError):
         return None

@@ -95,9 +95,15 @@ class Conversation:
         return max(1, round(n * self.cfg.context_scale))
 
     # -- building blocks -------------------------------------------------------------------
+    def _prefix_blocks(self) -> tuple[int, int]:
+        """Trace blocks of the system prompt and of the tool definitions (a partial block counts)."""
+        bs = self.trace.block_size
+        return (-(-self.trace.system_tokens // bs) if self.trace.system_tokens else 0,
+                -(-self.trace.tool_tokens // bs) if self.trace.tool_tokens else 0)
+
     def _system(self, in_tokens: int, ids: Sequence[int]) -> None:
         """Start (or restart) history with the system message of system+tool tokens."""
-        tm, bs = self.model, self.trace.block_size
+        tm = self.model
         sys_t = self._scale(self.trace.system_tokens) if self.trace.system_tokens else 0
         tool_t = self._scale(self.trace.tool_tokens) if self.trace.tool_tokens else 0
         fixed = tm.base + tm.generation_prompt + tm.overhead["system"] + tm.overhead["user"]
@@ -106,8 +112,7 @@ class Conversation:
             f = budget / max(1, sys_t + tool_t)
             sys_t, tool_t = int(sys_t * f), int(tool_t * f)
         sys_c = max(1, sys_t - tm.overhead["system"]) if sys_t else 1
-        n_sys_blocks = -(-self.trace.system_tokens // bs) if self.trace.system_tokens else 0
-        n_tool_blocks = -(-self.trace.tool_tokens // bs) if self.trace.tool_tokens else 0
+        n_sys_blocks, n_tool_blocks = self._prefix_blocks()
         shared = self.cfg.shared_prefix
         sys_ns = f"{self.cfg.run_ns}/shared-system" if shared != "none" else self.ns
         tool_ns = f"{self.cfg.run_ns}/shared-tools" if shared == "system+tools" else self.ns
@@ -193,9 +198,7 @@ class Conversation:
         that extends the previous prompt makes keys for its new blocks only (a long
         session's prompt has ~13k)."""
         common = common_prefix(self._key_ids, ids) if self._key_ids else 0
-        bs = self.trace.block_size
-        n_sys = -(-self.trace.system_tokens // bs) if self.trace.system_tokens else 0
-        n_tool = -(-self.trace.tool_tokens // bs) if self.trace.tool_tokens else 0
+        n_sys, n_tool = self._prefix_blocks()
         shared = self.cfg.shared_prefix
         n_shared = n_sys if shared == "system" else n_sys + n_tool if shared != "none" else 0
         f = self.model.factory

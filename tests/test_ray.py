@@ -63,6 +63,39 @@ def test_ray_actors_run_the_lanes_and_records_are_gathered(tmp_path, ray_local):
     assert (tmp_path / "out" / "summary.json").exists()
 
 
+def test_an_actor_that_fails_while_starting_does_not_hold_the_others(tmp_path, ray_local):
+    """The driver starts the actors once every one still running is ready (RayPool._open_gate):
+    an actor whose run fails before it is ready (here: a tokenizer directory its host does not
+    have) is reported and left out, and the other starts and runs its lanes to the end."""
+    import asyncio
+
+    from agentx.client.config import ClientConfig
+    from agentx.engine.drive import DriveSpec
+    from agentx.engine.ray_backend import RayPool
+    from agentx.sim.config import SimConfig
+    from agentx.sim.embedded import start_in_process
+
+    sim = start_in_process(SimConfig(port=0, profile="cpu-tiny", fixed_ttft_ms=20, fixed_itl_ms=5))
+    try:
+        cfg = RunConfig(trace=str(_trace(tmp_path / "tr")), conc=4, duration_s=3.0, seed=2,
+                        drain_timeout_s=10.0)
+        specs = [DriveSpec(run=cfg, client=ClientConfig(base_url=sim.base_url, model="agentx-sim"),
+                           lanes=[w, w + 2], max_requests=None,
+                           records_path=str(tmp_path / f"requests.w{w}.jsonl"),
+                           token_info={"mode": "builtin"}, run_ns="t", max_model_len=None,
+                           pool_blocks=None, worker=w) for w in range(2)]
+        specs[1].token_info = {"mode": "hf", "tokenizer": str(tmp_path / "no-such-tokenizer")}
+        pool = RayPool(ray_local, specs)
+        pool.start()
+        results = asyncio.run(asyncio.wait_for(pool.wait(), 120))
+    finally:
+        sim.stop()
+    assert [r.worker for r in results] == [0] and r"no-such-tokenizer" in pool.errors[1]
+    assert results[0].stop_reason == "duration"
+    recs = read_records(tmp_path / "requests.w0.jsonl")
+    assert recs and {r["lane"] for r in recs} == {0, 2} and all(r["ok"] for r in recs)
+
+
 def test_records_from_another_host_move_into_the_drivers_clock(tmp_path):
     rec = {"request_id": "a", "start_ns": 5_000, "end_ns": 9_000, "first_token_ns": 6_000,
            "first_content_ns": 0, "intended_send_ns": 4_000, "chunk_offsets_ns": [1_000]}

@@ -264,12 +264,15 @@ class RayPool:
             a.stop.remote(force)
 
     async def _open_gate(self) -> None:
-        """Once every actor still alive is ready, start them all at one instant (each in its
-        own clock). An actor that dies while starting is left out; a stop opens the gate
-        actor by actor (LaneWorker.stop)."""
+        """Once every actor still running is ready, start them all at one instant (each in
+        its own clock). An actor whose run ended while starting (it failed, or its node died)
+        is left out; a stop opens the gate actor by actor (LaneWorker.stop)."""
         waiting = {s.worker: a for s, a in zip(self.specs, self.actors)}
+        ref_of = {s.worker: r for s, r in zip(self.specs, self._refs)}
         while waiting and not self._stopping:
-            for w in [w for w in waiting if w in self._done]:
+            ended, _ = self.ray.wait([ref_of[w] for w in waiting], num_returns=len(waiting),
+                                     timeout=0)
+            for w in [w for w in waiting if ref_of[w] in ended]:
                 del waiting[w]
             ws = list(waiting)
             got = await asyncio.gather(*[waiting[w].ready.remote(READY_POLL_S) for w in ws],

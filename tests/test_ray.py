@@ -90,7 +90,7 @@ def test_an_actor_that_fails_while_starting_does_not_hold_the_others(tmp_path, r
         results = asyncio.run(asyncio.wait_for(pool.wait(), 120))
     finally:
         sim.stop()
-    assert [r.worker for r in results] == [0] and r"no-such-tokenizer" in pool.errors[1]
+    assert [r.worker for r in results] == [0] and "no-such-tokenizer" in pool.errors[1]
     assert results[0].stop_reason == "duration"
     recs = read_records(tmp_path / "requests.w0.jsonl")
     assert recs and {r["lane"] for r in recs} == {0, 2} and all(r["ok"] for r in recs)

@@ -18,6 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from ..config import RunConfig
+from ..engine.workers import StartGate
 from ..errors import InputError
 from ..metrics.summary import measured
 from ..records import read_records
@@ -90,7 +91,6 @@ def _both(cfg_a: RunConfig, cfg_b: RunConfig) -> list[dict]:
         return [f.result() for f in futures]
 
 
-START_MARGIN_S = 0.25  # both sides through the gate -> their start: both are awake by then
 GATE_TIMEOUT_S = 300.0
 
 
@@ -101,7 +101,7 @@ def _run_side(cfg: RunConfig, gate) -> dict:
     async def ready() -> int:
         with contextlib.suppress(threading.BrokenBarrierError):
             await asyncio.to_thread(gate.wait, GATE_TIMEOUT_S)
-        return time.perf_counter_ns() + int(START_MARGIN_S * 1e9)
+        return time.perf_counter_ns() + int(StartGate.MARGIN_S * 1e9)  # as local workers
 
     try:
         return run(cfg, ready)

@@ -116,7 +116,7 @@ def weights(d: SideData, rng: np.random.Generator, replicates: int) -> np.ndarra
 def point(d: SideData, metrics: Sequence["ABMetric"] | None = None) -> dict[str, float | None]:
     """Each metric over all of the side's requests, once (no resampling)."""
     one = np.ones((1, d.owner.size), np.int64)
-    return {m.name: _num(m.compute(d, one)[0]) for m in (metrics or METRICS)}
+    return {m.name: _num(m.compute(d, one)[0]) for m in (METRICS if metrics is None else metrics)}
 
 
 def weighted_percentile(values: np.ndarray, w: np.ndarray, q: float) -> np.ndarray:
@@ -204,10 +204,10 @@ def compare(a: SideData, b: SideData, *, replicates: int = 2000, seed: int = 0,
         raise ValueError("each side needs at least one measured session")
     rng = np.random.default_rng(seed)
     wa, wb = weights(a, rng, replicates), weights(b, rng, replicates)
-    one_a, one_b = np.ones((1, a.owner.size), np.int64), np.ones((1, b.owner.size), np.int64)
+    pa, pb = point(a, metrics), point(b, metrics)
     out = {}
     for m in metrics:
-        va, vb = _num(m.compute(a, one_a)[0]), _num(m.compute(b, one_b)[0])
+        va, vb = pa[m.name], pb[m.name]
         ra, rb = m.compute(a, wa), m.compute(b, wb)
         with np.errstate(divide="ignore", invalid="ignore"):
             ci, rci = _interval(rb - ra, level), _interval(rb / ra, level)

@@ -147,7 +147,7 @@ class RunConfig(StrictModel):
                                      "where it says; 0 = no tier)", group=OUTPUT, ge=0)
     loop_lag_threshold_ms: float | None = opt(
         None, "fail the run as client-bound when event-loop lag p99 exceeds this (default: "
-        "fail when lag p50 > max(2 ms, 10% of the chunk ITL p50), only warn when lag p99 > "
+        "fail when lag p75 > max(2 ms, 10% of the chunk ITL p50), only warn when lag p99 > "
         "max(5 ms, 10% of it); docs/reliability.md)", flag="loop_lag_threshold", group=OUTPUT,
         gt=0.0)
     # --- the embedded simulator (no base_url): `--sim-<option>` flags ---

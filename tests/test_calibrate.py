@@ -6,6 +6,7 @@ order, so each figure here is reproducible run to run."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import orjson
@@ -178,3 +179,17 @@ def test_interval_when_no_draft_is_accepted():
     assert iv.low == 1.0 and 1.0 < iv.high < 1.04  # 1 + 2 * (1 - 0.025^(1/250)) = 1.029
     iv = bootstrap(4.0, [(30, 10), (60, 20)], 3, CHUNK_COUNTS)
     assert 3.6 < iv.low < 4.0 == iv.high  # 4 - 3 * (1 - 0.025^(1/30)) = 3.65
+
+
+def test_interval_when_every_request_accepts_the_same_share():
+    """A deterministic model on near-identical prompts (the tiny ngram server of the vLLM
+    tests): every request 20 accepted in 8 steps, so every resample is the same; the interval
+    is Hoeffding's over the 80 drafts, not a point."""
+    iv = bootstrap(3.5, [(20, 8)] * 10, 3, CHUNK_COUNTS)
+    half = 3 * (math.log(40) / 160) ** 0.5  # K * sqrt(ln(2/0.05) / (2 * 80)) = 0.455
+    assert iv.low == pytest.approx(3.5 - half) and iv.high == pytest.approx(3.5 + half)
+    assert "Hoeffding" in iv.source and iv.requests == 10
+    # the bound narrows as drafts grow, and stays inside [1, K+1]
+    wide = bootstrap(1.2, [(1, 5)] * 4, 3, CHUNK_COUNTS)
+    narrow = bootstrap(1.2, [(100, 500)] * 4, 3, CHUNK_COUNTS)
+    assert wide.low == 1.0 and narrow.low > 1.0 and narrow.high - narrow.low < wide.high - wide.low

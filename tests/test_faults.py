@@ -306,15 +306,21 @@ def test_error_window_judges_from_the_10th_and_ignores_cancelled():
     assert ErrorWindow(0.0, 50).note(False, "reset") is None  # 0 disables
 
 
-LAG = {"p50": 0.3, "p99": 1.0}
+LAG = {"p50": 0.05, "p75": 0.1, "p99": 1.0}
 
 
 @pytest.mark.parametrize("lag,cpu,wait,itl,ttft,verdict", [
     (LAG, 0.05, 0.0, 7.0, 400.0, None),  # a quiet run
-    ({"p50": 0.3, "p99": 10.5}, 0.05, 70.0, 7.3, 400.0, "warn:client load"),  # loaded machine
-    ({"p50": 4.4, "p99": 95.0}, 0.08, 517.0, 0.0, 73.0, "warn:machine load"),  # others' load
-    ({"p50": 9.0, "p99": 20.0}, 0.95, 0.0, 7.0, 400.0, "fail"),  # the client's own work
-    ({"p50": 9.0, "p99": 20.0}, 0.10, 300.0, 7.0, 60.0, "fail"),  # > 10% of TTFT p50 too
+    ({"p50": 0.3, "p75": 0.4, "p99": 10.5}, 0.05, 70.0, 7.3, 400.0, "warn:client load"),
+    ({"p50": 4.4, "p75": 6.0, "p99": 95.0}, 0.08, 517.0, 0.0, 73.0, "warn:machine load"),
+    ({"p50": 9.0, "p75": 12.0, "p99": 20.0}, 0.95, 0.0, 7.0, 400.0, "fail"),  # its own work
+    ({"p50": 9.0, "p75": 12.0, "p99": 20.0}, 0.10, 300.0, 7.0, 60.0, "fail"),  # > 10% of TTFT
+    # a thread holding the interpreter in 20 ms slices: the probe often wakes while the loop
+    # holds it, so the p50 stays low while a quarter of the wake-ups (and TTFTs) are far off
+    ({"p50": 1.3, "p75": 9.6, "p99": 32.0}, 0.97, 0.0, 10.0, 30.0, "fail"),
+    # one long stall in a busy but healthy run (mean 9 ms from it): the tail only
+    ({"p50": 0.19, "p75": 0.27, "mean": 9.2, "p99": 255.0}, 0.95, 0.0, 7.0, 400.0,
+     "warn:client load"),
 ])
 def test_client_bound_rule(lag, cpu, wait, itl, ttft, verdict):
     from agentx.metrics.client_bound import client_bound
@@ -324,7 +330,7 @@ def test_client_bound_rule(lag, cpu, wait, itl, ttft, verdict):
     if verdict is None:
         assert fails == [] and warns == []
     elif verdict == "fail":
-        assert len(fails) == 1 and fails[0].startswith("client-bound: event-loop lag p50")
+        assert len(fails) == 1 and fails[0].startswith("client-bound: event-loop lag p75")
         assert warns == []
     else:
         assert fails == [] and len(warns) == 1 and warns[0].startswith(verdict[5:])

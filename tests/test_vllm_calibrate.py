@@ -3,7 +3,9 @@ ngram server given by URL, and the tiny EAGLE3 draft through the tiny-cpu recipe
 command launches itself at K=2 with vLLM's per-request spec-decode counts. Each writes a golden
 file that loads strictly, with an AL in [1, K+1] and an interval that is not a point. The
 tiny EAGLE3 draft has random weights, so it accepts (almost) nothing: its AL is ~1 and its
-interval comes from the exact binomial bound rather than the bootstrap."""
+interval comes from the exact binomial bound rather than the bootstrap. The tiny model's ngram
+requests can all accept the same share (10 requests of 8 steps, 20 accepted each, in one CI
+run): that interval is Hoeffding's over the drafts."""
 from __future__ import annotations
 
 import json

@@ -9,7 +9,9 @@ place a record's measured fields are filled from them, the derived ones by `metr
 """
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -119,3 +121,57 @@ def write_line(f: IO[bytes], line: bytes) -> None:
 def read_records(path: str | os.PathLike) -> list[dict]:
     with open(path, "rb") as f:
         return [orjson.loads(line) for line in f if line.strip()]
+
+
+def read_jsonl(path: str | os.PathLike) -> tuple[list[dict], int]:
+    """Rows of a JSON-lines file and how many lines were unreadable (a process killed while
+    writing can leave half a line); a missing file has none."""
+    rows, bad = [], 0
+    if not os.path.exists(path):
+        return rows, bad
+    with open(path, "rb") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                bad += 1
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+            else:
+                bad += 1
+    return rows, bad
+
+
+def merge_record_files(parts: Sequence[str | os.PathLike], dest: str | os.PathLike,
+                       warm_until_ns: int | None = None) -> tuple[int, int]:
+    """Merge record files (worker files; `dest` may be one of them) into `dest`, ordered by
+    request start, each request id once; remove the parts other than `dest`. Requests sent
+    before `warm_until_ns` (the run's warm-up end, when it is the last of the workers' own)
+    are flagged warm-up, as one process would have flagged them. Lines a killed writer left
+    unreadable are skipped, so one dead worker cannot cost the others' records. Written to a
+    temporary file and renamed: a crash meanwhile leaves the parts as they were.
+    Returns (records written, unreadable lines skipped)."""
+    rows: dict[str, dict] = {}
+    bad = 0
+    for part in parts:
+        got, b = read_jsonl(part)
+        bad += b
+        for r in got:
+            rows.setdefault(r.get("request_id") or f"{os.fspath(part)}:{len(rows)}", r)
+    ordered = sorted(rows.values(), key=lambda r: r.get("start_ns") or 0)
+    if warm_until_ns:
+        for r in ordered:
+            if not r.get("warmup") and r["intended_send_ns"] < warm_until_ns:
+                r["warmup"] = True
+    tmp = f"{os.fspath(dest)}.tmp"
+    with open(tmp, "wb") as f:
+        f.writelines(orjson.dumps(r) + b"\n" for r in ordered)
+    os.replace(tmp, dest)
+    for part in parts:
+        if os.path.abspath(part) != os.path.abspath(dest):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(part)
+    return len(ordered), bad

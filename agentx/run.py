@@ -22,7 +22,7 @@ from .client.http import ClientConfig, first_model, make_session, probe_error
 from .config import RunConfig, default_output_dir
 from .engine.drive import DriveResult, DriveSpec, drive, split_lanes
 from .engine.lanes import Engine
-from .engine.workers import WorkerPool, auto_workers, merge_records, usable_cores
+from .engine.workers import WorkerPool, auto_workers, usable_cores
 from .errors import InputError
 from .metrics.goodput import goodput
 from .metrics.server_metrics import kv_pool
@@ -34,7 +34,7 @@ from .outdir import check_output_dir, create_output_dir
 from .plan import split_count
 from .prompt.token_model import TokenModel, builtin_model, hf_model
 from .recipe.golden import sim_pinned
-from .records import read_records
+from .records import merge_record_files, read_records
 from .trace.load import load_traces
 from .trace.model import TraceSet
 from .urls import redact_url, scrub
@@ -124,9 +124,12 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False,
             await scraper.stop()
         if pooled:
             # workers end their warm-ups apart: the run's is the last (auto warm-up only)
-            merge_records([s.records_path for s in specs], str(requests_path),
-                          warm_until_ns=max(x.warmup_end_ns for x in results)
-                          if results and cfg.warmup_auto() else None)
+            _, bad = merge_record_files([s.records_path for s in specs], requests_path,
+                                        warm_until_ns=max(x.warmup_end_ns for x in results)
+                                        if results and cfg.warmup_auto() else None)
+            if bad:
+                print(f"agentx: warning: skipped {bad} unreadable line(s) of the workers' record "
+                      "files (a worker killed while writing)", file=sys.stderr)
     records = read_records(requests_path)
     summary = _summary(cfg, results, n_workers, records, scraper, token_info, ccfg,
                        max_model_len, base_url, embedded, t_wall0, tier)

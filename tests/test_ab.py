@@ -199,6 +199,7 @@ def test_offload_on_beats_off_and_both_sides_validate(tmp_path, trace):
         assert {"a", "b", "diff", "ratio", "ci_low", "ci_high", "verdict"} <= set(v)
         assert v["verdict"] in ("a_better", "b_better", "no_difference")
     assert doc["bootstrap"]["resampled"] == "sessions"
+    assert len(doc["warnings"]) == 1 and "--repeats 3" in doc["warnings"][0]  # one run a side
     for side in ("a", "b"):
         assert (Path(doc[side]["runs"][0]) / "requests.jsonl").stat().st_size > 0
     png = Path(doc["plot"])
@@ -221,7 +222,7 @@ def test_identical_configurations_are_no_difference(tmp_path, trace):
             doc = _ab(trace, tmp_path / f"ab{seed}", s1.base_url, s2.base_url, "--parallel",
                       "--duration", "3", "--repeats", "3", "--seed", str(seed), "--ramp-up", "1")
             verdicts.append(doc["metrics"]["ttft_p50_ms"]["verdict"])
-    assert doc["bootstrap"]["resampled"] == "runs, then sessions"
+    assert doc["bootstrap"]["resampled"] == "runs, then sessions" and doc["warnings"] == []
     for side in ("a", "b"):  # each repeat's own figures, for the run-to-run spread
         assert len(doc["per_run"][side]) == 3 and all(r["ttft_p50_ms"] > 0 for r in doc["per_run"][side])
     assert verdicts.count("no_difference") >= 3, verdicts

@@ -215,3 +215,27 @@ def test_thinking_mode_reaches_the_server(tmp_path, thinking):
     assert s["validation"]["verdict"] in ("pass", "fail")
     thinking_check = [c for c in s["validation"]["checks"] if c["name"] == "thinking_mode"]
     assert thinking_check and thinking_check[0]["ok"] is True
+
+
+def test_merging_record_files_survives_a_writer_killed_mid_line(tmp_path):
+    """The one merge (live worker files, and `agentx report` on a killed run): ordered by start,
+    each request once, a cut-off line skipped rather than losing every other record, flagged
+    against the run's warm-up end, parts removed and `dest` kept."""
+    import orjson
+
+    from agentx.records import merge_record_files
+
+    def row(rid: str, start: int, warm: bool = False) -> bytes:
+        return orjson.dumps({"request_id": rid, "start_ns": start, "intended_send_ns": start,
+                             "warmup": warm}) + b"\n"
+
+    dest, w0, w1 = tmp_path / "requests.jsonl", tmp_path / "requests.w0.jsonl", tmp_path / "requests.w1.jsonl"
+    dest.write_bytes(row("a", 30))
+    w0.write_bytes(row("b", 20) + row("a", 30))  # "a" already merged once
+    w1.write_bytes(row("c", 10) + row("d", 40) + b'{"request_id": "e", "sta')  # killed mid-line
+    n, bad = merge_record_files([dest, w0, w1], dest, warm_until_ns=25)
+    rows = read_records(dest)
+    assert (n, bad) == (4, 1) and [r["request_id"] for r in rows] == ["c", "b", "a", "d"]
+    assert [r["warmup"] for r in rows] == [True, True, False, False]
+    assert dest.exists() and not w0.exists() and not w1.exists()
+    assert not list(tmp_path.glob("*.tmp"))

@@ -1,6 +1,7 @@
 """ab.json and the console table of an A/B comparison."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import orjson
@@ -53,3 +54,5 @@ def print_ab(doc: dict, console: Console | None = None) -> None:
     b = doc["bootstrap"]
     console.print(f"intervals: {b['replicates']} bootstrap replicates resampling {how} "
                   f"(seed {b['seed']}); verdict = the interval of B - A excludes 0")
+    for w in doc.get("warnings", []):
+        print(f"agentx: warning: {w}", file=sys.stderr)

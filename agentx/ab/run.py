@@ -142,5 +142,15 @@ def _document(cfg: ABConfig, out: Path, sides: dict[str, Side],
                           "resampled": "runs, then sessions" if cfg.repeats > 1 else "sessions",
                           "seed": cfg.seed},
             "per_run": by_run,
-            "metrics": metrics, "output_dir": str(out),
+            "metrics": metrics, "warnings": _warnings(cfg), "output_dir": str(out),
             "config": cfg.public()}
+
+
+def _warnings(cfg: ABConfig) -> list[str]:
+    """What the verdicts cannot cover with these settings."""
+    if cfg.repeats > 1:
+        return []
+    return ["one run a side: the intervals resample that run's sessions, so they do not cover "
+            "run-to-run variance (a server's batching pattern can last a whole run: identical "
+            "servers were called different in 12 of 50 such 4 s A/Bs, docs/ab.md); give "
+            "--repeats 3 or more before publishing a verdict"]

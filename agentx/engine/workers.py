@@ -23,8 +23,6 @@ import threading
 import time
 from dataclasses import asdict, fields
 
-import orjson
-
 from .. import aio
 from ..lifeline import parent_alive, set_parent_death_signal, watch_parent
 from .drive import DriveResult, DriveSpec, drive
@@ -212,24 +210,3 @@ class WorkerPool:
         for p in self.procs:
             await loop.run_in_executor(None, p.join, 10)
         return [self.results[k] for k in sorted(self.results)]
-
-
-def merge_records(parts: list[str], dest: str, warm_until_ns: int | None = None) -> int:
-    """Merge worker record files into one, ordered by request start; remove the parts.
-    Requests sent before `warm_until_ns` (the run's warm-up end, when it is the last of the
-    workers' own) are flagged warm-up, as one process would have flagged them."""
-    rows = []
-    for part in parts:
-        if os.path.exists(part):
-            with open(part, "rb") as f:
-                rows.extend(orjson.loads(line) for line in f if line.strip())
-    rows.sort(key=lambda r: r["start_ns"])
-    for r in rows:
-        if warm_until_ns and not r["warmup"] and r["intended_send_ns"] < warm_until_ns:
-            r["warmup"] = True
-    with open(dest, "wb") as f:
-        f.writelines(orjson.dumps(r) + b"\n" for r in rows)
-    for part in parts:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(part)
-    return len(rows)

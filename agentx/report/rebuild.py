@@ -9,7 +9,6 @@ in validation, so nobody mistakes it for a clean run.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from ..metrics.goodput import goodput
 from ..metrics.prom import Snapshot
 from ..metrics.scraper import SERIES_KEYS
 from ..metrics.summary import summarize
+from ..records import merge_record_files, read_jsonl
 
 REQUESTS, SUMMARY, METRICS_FILE = "requests.jsonl", "summary.json", "metrics.jsonl"
 WORKER_GLOB = "requests.w*.jsonl"
@@ -38,28 +38,6 @@ class Run:
     records: list[dict]
     metrics: list[dict] = field(default_factory=list)  # metrics.jsonl rows
     notes: list[str] = field(default_factory=list)  # what loading had to repair
-
-
-def read_jsonl(path: Path) -> tuple[list[dict], int]:
-    """Rows of a JSON-lines file and how many lines were unreadable (a process killed while
-    writing can leave half a line)."""
-    rows, bad = [], 0
-    if not path.exists():
-        return rows, bad
-    with open(path, "rb") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                bad += 1
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
-            else:
-                bad += 1
-    return rows, bad
 
 
 def drop_partial_line(path: Path) -> bool:
@@ -114,20 +92,8 @@ def merge_worker_files(run_dir: Path) -> int:
     """Fold unmerged `requests.w*.jsonl` into requests.jsonl (ordered by request start, each
     request once), then remove them. Returns the number of worker files merged."""
     parts = sorted(run_dir.glob(WORKER_GLOB))
-    if not parts:
-        return 0
-    rows: dict[str, dict] = {}
-    for path in [run_dir / REQUESTS, *parts]:
-        for r in read_jsonl(path)[0]:
-            rows.setdefault(r.get("request_id", f"{path.name}:{len(rows)}"), r)
-    tmp = run_dir / (REQUESTS + ".tmp")
-    with open(tmp, "wb") as f:
-        for r in sorted(rows.values(), key=lambda r: r.get("start_ns", 0)):
-            f.write(orjson.dumps(r) + b"\n")
-    os.replace(tmp, run_dir / REQUESTS)
-    for p in parts:
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
+    if parts:
+        merge_record_files([run_dir / REQUESTS, *parts], run_dir / REQUESTS)
     return len(parts)
 
 

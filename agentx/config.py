@@ -36,9 +36,42 @@ def _seconds_or_auto(v: object) -> object:
     return x
 
 
+def _labels(v: object) -> object:
+    """`--label K=V` (repeatable, or K=V,K2=V2) or a mapping -> {K: V}, keys plain words."""
+    if v is None:
+        return {}
+    items: list = []
+    if isinstance(v, str):
+        v = [v]
+    if isinstance(v, dict):
+        items = [(str(k), "" if x is None else str(x)) for k, x in v.items()]
+    elif isinstance(v, (list, tuple)):
+        for part in (p.strip() for s in v for p in str(s).split(",")):
+            if not part:
+                continue
+            key, sep, value = part.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"{part!r} is not KEY=VALUE")
+            items.append((key.strip(), value.strip()))
+    else:
+        raise ValueError("must be KEY=VALUE pairs")
+    for key, _ in items:
+        if not key.replace("_", "").replace("-", "").replace(".", "").isalnum():
+            raise ValueError(f"label key {key!r}: letters, digits, '_', '-', '.' only")
+    return dict(items)
+
+
+LABELS = Annotated[dict[str, str], BeforeValidator(_labels)]
 SecondsOrAuto = Annotated[float | Literal["auto"], BeforeValidator(_seconds_or_auto)]
-SecondsOrAutoOrNone = Annotated[float | Literal["auto"] | None, BeforeValidator(_seconds_or_auto)]
-AUTO_FROM_LANES = 64  # --warmup / --ramp-up auto act from this many lanes (docs/scale-out.md)
+AUTO_FROM_LANES = 64  # --ramp-up auto acts from this many lanes (docs/scale-out.md)
+# The defaults are sized so that the quickstart (`bench.py --trace swe --conc 8`, the embedded
+# simulator) reaches its steady state and measures at least DEFAULT_MIN_SAMPLES requests in
+# about 2.5 minutes: the built-in swe trace's think times have p50 10 s but mean 122 s (p99
+# 2,134 s, `agentx trace stats swe`), so one lane sends a request every ~25 s with a 60 s cap
+# and every ~50 s with the former 300 s cap (24 requests in a 150 s window at 8 lanes).
+DEFAULT_DURATION_S = 120.0
+DEFAULT_MAX_THINK_S = 30.0
+DEFAULT_MIN_SAMPLES = 30
 RAMP_LANES_PER_S = 8.0
 RAMP_MAX_S = 30.0
 
@@ -47,19 +80,19 @@ class RunConfig(StrictModel):
     # --- workload ---
     trace: str = opt("swe", "built-in name (swe) or path", group=WORKLOAD, min_length=1)
     conc: int = opt(8, "concurrent session lanes", group=WORKLOAD, ge=1, le=65536)
-    duration_s: float | None = opt(60.0, "seconds before no new request starts (0 = no limit)",
+    duration_s: float | None = opt(DEFAULT_DURATION_S, "seconds before no new request starts "
+                                   "(counted from the end of an auto warm-up; 0 = no limit)",
                                    flag="duration", group=WORKLOAD, ge=0.0)
     max_requests: int | None = opt(None, "stop after N requests in all, split evenly over the "
                                    "lanes (so every run sends the same requests)",
                                    group=WORKLOAD, ge=1)
-    warmup_s: SecondsOrAutoOrNone = opt(
-        None, "requests sent in the warm-up are flagged and excluded from the statistics. "
-        "SECONDS: a fixed warm-up, inside --duration; auto: the warm-up ends when every lane "
-        "has finished its first request and --duration counts from there (the run lasts "
-        "warm-up + duration; a warm-up still going after ramp-up + 5 x duration stops the run "
-        "there, marked steady_state false). Default: auto from 64 lanes (their cold first prompts "
-        "queue at the server and would be measured as start-up), else 0",
-        flag="warmup", group=WORKLOAD)
+    warmup_s: SecondsOrAuto = opt(
+        "auto", "requests sent in the warm-up are flagged and excluded from the statistics. "
+        "auto (default): the warm-up ends when every lane has finished its first request (a "
+        "cold prompt: start-up, not steady state) and --duration counts from there, so the "
+        "run lasts warm-up + duration; a warm-up still going after ramp-up + 5 x duration stops "
+        "the run there, marked steady_state false. SECONDS: a fixed warm-up inside --duration "
+        "(0: measure from the first request)", flag="warmup", group=WORKLOAD)
     ramp_up_s: SecondsOrAuto = opt(
         "auto", "spread lane starts evenly over this many seconds (lane i starts at i x "
         "ramp / conc, deterministic). auto: 0 below 64 lanes, else conc / 8 s up to 30 s, "
@@ -67,8 +100,10 @@ class RunConfig(StrictModel):
         "one instant", flag="ramp_up", group=WORKLOAD)
     seed: int = opt(0, "schedule seed", group=WORKLOAD)
     think_scale: float = opt(1.0, "multiply trace think times", group=WORKLOAD, ge=0.0)
-    max_think_s: float = opt(300.0, "cap one think time (s)", flag="max_think", group=WORKLOAD,
-                             ge=0.0)
+    max_think_s: float = opt(DEFAULT_MAX_THINK_S, "cap one think time (s): a longer pause in a "
+                             "real session is a person away from the keyboard, and at a fixed "
+                             "lane count it only idles the lane", flag="max_think",
+                             group=WORKLOAD, ge=0.0)
     start_min: float = opt(0.25, "a lane starts each session at a random turn at least this "
                            "fraction into it", group=WORKLOAD, ge=0.0, le=1.0)
     start_max: float = opt(0.75, "... and at most this fraction into it", group=WORKLOAD,
@@ -141,7 +176,14 @@ class RunConfig(StrictModel):
                           "summary adds the share of requests meeting each and goodput (as "
                           "vllm bench serve --goodput)", group=OUTPUT)
     expect_offload: bool = opt(False, "an offload connector is configured: offload hits must "
-                               "appear", group=OUTPUT)
+                               "appear (implied when the tier's size is known or the server "
+                               "reports external prefix-cache hits)", group=OUTPUT)
+    min_samples: int = opt(DEFAULT_MIN_SAMPLES, "a window with fewer measured requests gets "
+                           "the verdict insufficient instead of pass (exit 3 under --validate "
+                           "strict): too few to publish percentiles from", group=OUTPUT, ge=0)
+    labels: LABELS = opt(None, "KEY=VALUE stored in summary.json and shown in reports (e.g. "
+                         "connector=mooncake); repeatable, or comma-separated", factory=dict,
+                         flag="label", group=OUTPUT, repeat=True)
     offload_tokens: int | None = opt(None, "KV offload tier size in tokens, for the pool-aware "
                                      "theoretical hit rate (default: from the server's /metrics "
                                      "where it says; 0 = no tier)", group=OUTPUT, ge=0)
@@ -185,7 +227,7 @@ class RunConfig(StrictModel):
 
     def warmup_auto(self) -> bool:
         """The warm-up ends when every lane has finished its first request."""
-        return self.warmup_s == "auto" or (self.warmup_s is None and self.conc >= AUTO_FROM_LANES)
+        return self.warmup_s == "auto"
 
     def warmup_fixed_s(self) -> float:
         return self.warmup_s if isinstance(self.warmup_s, float) else 0.0

@@ -40,11 +40,12 @@ class FieldError(ValueError):
 
 def opt(default: Any = None, help: str = "", *, flag: str | None = None,
         short: str | None = None, group: str | None = None, cli: bool = True,
-        factory: Any = None, **bounds: Any) -> Any:
+        factory: Any = None, repeat: bool = False, **bounds: Any) -> Any:
     """A field with its help text, optional flag name (default `--field-name`) and short
     alias (`-o`), argparse group and pydantic bounds (`ge`, `gt`, `le`, `lt`, `min_length`,
-    ...). `factory` builds a mutable default; `cli=False` keeps a field off the command line."""
-    extra = {"flag": flag, "short": short, "group": group, "cli": cli}
+    ...). `factory` builds a mutable default; `cli=False` keeps a field off the command line;
+    `repeat=True` makes the flag repeatable (the field's validator gets the list of values)."""
+    extra = {"flag": flag, "short": short, "group": group, "cli": cli, "repeat": repeat}
     if factory is not None:
         return Field(default_factory=factory, description=help, json_schema_extra=extra, **bounds)
     return Field(default, description=help, json_schema_extra=extra, **bounds)
@@ -104,6 +105,11 @@ def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel], *, pr
         shown = "" if default in (None, {}, [], ()) or isinstance(default, SecretStr) \
             else f" (default: {_show(default)})"
         short = [] if prefix or not _meta(f).get("short") else [_meta(f)["short"]]
+        if _meta(f).get("repeat"):
+            target.add_argument(*short, flag, dest=dest, default=argparse.SUPPRESS,
+                                action="append", metavar=name.upper().removesuffix("S"),
+                                help=help_.replace("%", "%%"))
+            continue
         target.add_argument(*short, flag, dest=dest, default=argparse.SUPPRESS, metavar=metavar,
                             help=(help_ + shown).replace("%", "%%"))
 

@@ -4,12 +4,30 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import orjson
+
 from .errors import InputError
 
 FLAG = "--output-dir"
+RUN_JSON, SUMMARY_JSON = "run.json", "summary.json"
 # what a run writes; --overwrite removes exactly these, nothing else a user keeps there
-RESULT_GLOBS = ("requests.jsonl", "requests.w*.jsonl", "summary.json", "metrics.jsonl",
+RESULT_GLOBS = ("requests.jsonl", "requests.w*.jsonl", SUMMARY_JSON, RUN_JSON, "metrics.jsonl",
                 "*.png")
+
+
+def write_json(path: Path, doc: dict) -> Path:
+    """Write through a temporary file and a rename: a reader (or a later `agentx report`)
+    sees the old file or the whole new one, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    os.replace(tmp, path)
+    return path
+
+
+def write_run_json(out: Path, meta: dict) -> Path:
+    """run.json: the config, target, labels and run metadata, written when the run starts so
+    that a run killed before its summary still says what it was."""
+    return write_json(out / RUN_JSON, meta)
 
 
 def check_output_dir(out: Path, overwrite: bool) -> None:

@@ -15,10 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-import orjson
-
 from . import __version__, aio
-from .client.http import ClientConfig, first_model, make_session, probe_error
+from .client.http import ClientConfig, first_model, make_session, probe_error, server_version
 from .config import RunConfig, default_output_dir
 from .engine.drive import DriveResult, DriveSpec, drive, split_lanes
 from .engine.lanes import Engine
@@ -29,12 +27,13 @@ from .metrics.server_metrics import kv_pool
 from .metrics.summary import dist, summarize
 from .metrics.tiers import resolve as resolve_tier
 from .metrics.tiers import tier_theory
-from .metrics.window import Window, delivered, measurement_window, server_throughput
-from .outdir import check_output_dir, create_output_dir
+from .metrics.window import Window, delivered, headline, measurement_window, server_throughput
+from .outdir import SUMMARY_JSON, check_output_dir, create_output_dir, write_json, write_run_json
 from .plan import split_count
 from .prompt.token_model import TokenModel, builtin_model, hf_model
 from .recipe.golden import sim_pinned
 from .records import merge_record_files, read_records
+from .target import target
 from .trace.load import load_traces
 from .trace.model import TraceSet
 from .urls import redact_url, scrub
@@ -82,8 +81,16 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False,
                              scrub(probe_error(exc, "GET /v1/models", cfg.connect_timeout_s),
                                    base_url), field="--base-url") from None
         ccfg.model = cfg.model or model
+        version = await server_version(session, base_url, cfg.connect_timeout_s)
         tm, token_info = await _token_model(cfg, session, base_url, ccfg.model, embedded)
     create_output_dir(out, cfg.overwrite)  # only now: a failed start leaves no empty dir
+    t_wall0 = time.time()
+    meta = {"config": cfg.public(), "target": target(cfg, base_url, embedded, ccfg.model,
+                                                     version),
+            "labels": dict(cfg.labels),
+            "run": _run_meta(cfg, ccfg, base_url, embedded, max_model_len, token_info, t_wall0)}
+    # what was run, on what, written before any traffic: a killed run keeps it (report reads it)
+    write_run_json(out, meta)
     scraper = _scraper(base_url, cfg.scrape_interval_s, ccfg.headers(), out / "metrics.jsonl",
                        cfg.connect_timeout_s)
     pool_tokens = None
@@ -110,7 +117,6 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False,
                        offload_blocks=(tier_blocks * len(lanes[w]) // cfg.conc) if tier_blocks
                        else None, offload_eager=bool(tier["offload_eager"]))
              for w in range(n_workers)]
-    t_wall0 = time.time()
     results: list[DriveResult] = []
     try:
         if not pooled:
@@ -131,9 +137,8 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False,
                 print(f"agentx: warning: skipped {bad} unreadable line(s) of the workers' record "
                       "files (a worker killed while writing)", file=sys.stderr)
     records = read_records(requests_path)
-    summary = _summary(cfg, results, n_workers, records, scraper, token_info, ccfg,
-                       max_model_len, base_url, embedded, t_wall0, tier)
-    (out / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+    summary = _summary(cfg, results, n_workers, records, scraper, meta, ccfg, tier)
+    write_json(out / SUMMARY_JSON, summary)
     summary["output_dir"] = str(out)
     return summary
 
@@ -250,9 +255,17 @@ def _scraper(base_url: str, interval: float, headers: dict, out_path: Path,
                          out_path=out_path)
 
 
+def _run_meta(cfg: RunConfig, ccfg: ClientConfig, base_url: str, embedded: bool,
+              max_model_len: int | None, token_info: dict, t_wall0: float) -> dict:
+    return {"agentx_version": __version__, "started_at": t_wall0, "target": redact_url(base_url),
+            "embedded_simulator": embedded, "model": ccfg.model,
+            "max_model_len": max_model_len, "tokens": token_info,
+            "cache_salt": bool(ccfg.cache_salt), "python": platform.python_version(),
+            "host": platform.node()}
+
+
 def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records: list[dict],
-             scraper: Any, token_info: dict, ccfg: ClientConfig, max_model_len: int | None,
-             base_url: str, embedded: bool, t_wall0: float, tier: dict | None = None) -> dict:
+             scraper: Any, meta: dict, ccfg: ClientConfig, tier: dict | None = None) -> dict:
     # measurement window: from the end of warm-up to the last measured completion
     win = _window(results, records)
     server_metrics = scraper.compute(ccfg.model) if scraper else None
@@ -261,6 +274,7 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
                   block_size=sm.get("kv_block_size"), kv_pool_tokens=sm.get("kv_pool_tokens"))
     s["throughput"].update(server_throughput(server_metrics))
     s["throughput"].update(delivered(records, win.start_ns, win.stop_ns))
+    s["throughput"]["headline"] = headline(s["throughput"], cfg.gpus)
     s["window"] = win.block("auto" if cfg.warmup_auto() else cfg.warmup_fixed_s(), cfg.ramp_up(),
                             cfg.conc)
     s["steady_state"] = win.steady_state
@@ -284,13 +298,8 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
     if s["cache"]["kv_pool_tokens"]:
         s["cache"]["working_set_exceeds_pool"] = sum(x.cache_evictions for x in results) > 0
     s["stop_reason"] = stop_reason({x.stop_reason for x in results})
-    s["config"] = cfg.public()
     s["golden_al"] = cfg.golden_al.model_dump() if cfg.golden_al else None  # the pinned entry
-    s["run"] = {"agentx_version": __version__, "started_at": t_wall0, "target": redact_url(base_url),
-                "embedded_simulator": embedded, "model": ccfg.model,
-                "max_model_len": max_model_len, "tokens": token_info,
-                "cache_salt": bool(ccfg.cache_salt), "python": platform.python_version(),
-                "host": platform.node()}
+    s.update(meta)  # config, target, labels, run
     if cfg.validation != "off":
         s["validation"] = _validate(cfg, s)
     return s
@@ -329,7 +338,8 @@ def _validate(cfg: RunConfig, s: dict) -> dict:
                        else golden.al if golden else None,
                        golden=golden.model_dump() if golden else None,
                        al_tolerance=cfg.al_tolerance,
-                       offload_expected=cfg.expect_offload,
+                       offload_expected=offload_configured(cfg, s),
+                       min_samples=cfg.min_samples,
                        working_set_exceeds_pool=s["cache"].get("working_set_exceeds_pool"),
                        theoretical_hit_rate=(s["cache"]["theoretical_hit_rate_pool"]
                                              if s["cache"]["kv_pool_tokens"]
@@ -340,6 +350,13 @@ def _validate(cfg: RunConfig, s: dict) -> dict:
                        **({} if cfg.scrape_interval_s > 0 else {"required_families": []}))
     return validate(s, exp, extra_reasons=extra + bound, warnings=warnings,
                     interrupted=interrupted)
+
+
+def offload_configured(cfg: RunConfig, s: dict) -> bool:
+    """An offload tier is there to be checked: --expect-offload, a tier size known (given,
+    from the recipe or the server's /metrics), or the server reporting external hits."""
+    ext = (((s.get("server_metrics") or {}).get("external_cache") or {}).get("hits")) or 0
+    return cfg.expect_offload or bool(s["cache"].get("offload_tokens")) or ext > 0
 
 
 STOP_PRIORITY = ("error", "aborted", "signal")

@@ -56,11 +56,12 @@ EXIT_FAILED, EXIT_ABORTED, EXIT_INTERRUPTED = 3, 4, 130  # 2: bad input (errors.
 
 def exit_code(summary: dict, validation: str) -> int:
     """The run's exit status (table in docs/reliability.md): an error-rate abort and a signal
-    are reported whatever --validate says; a failed verdict only under --validate strict."""
+    are reported whatever --validate says; a failed or insufficient verdict only under
+    --validate strict."""
     stop = summary.get("stop_reason") or ""
     if stop.startswith("aborted"):
         return EXIT_ABORTED
     if stop == "signal":
         return EXIT_INTERRUPTED
     verdict = (summary.get("validation") or {}).get("verdict")
-    return EXIT_FAILED if validation == "strict" and verdict == "fail" else 0
+    return EXIT_FAILED if validation == "strict" and verdict in ("fail", "insufficient") else 0

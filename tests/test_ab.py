@@ -36,7 +36,7 @@ def _records(rng: np.random.Generator, sessions: int, per: int, ttft_ms: float, 
             ttft = max(1.0, level + rng.normal(0, spread / 4))
             out.append({"ok": True, "warmup": False, "session_id": f"{tag}-s{s}" + ("/sub" if i == 2 else ""),
                         "ttft_ms": ttft, "tpot_ms": 5.0 + rng.normal(0, 0.2), "e2e_ms": ttft + 100,
-                        "osl": 20, "isl": 1000, "isl_intended": 1000, "cached_tokens": 900})
+                        "osl": 16 + (7 * s) % 9, "isl": 1000, "isl_intended": 1000, "cached_tokens": 900})
     return out
 
 
@@ -48,10 +48,26 @@ def test_clear_difference_gets_a_verdict_in_each_metrics_direction():
     assert m["ttft_p50_ms"]["verdict"] == "b_better"  # lower is better
     assert m["ttft_p50_ms"]["ci_high"] < 0 < m["ttft_p50_ms"]["a"] - m["ttft_p50_ms"]["b"]
     assert m["output_tok_s"]["verdict"] == "b_better"  # higher is better
-    assert m["output_tok_s"]["ratio"] == pytest.approx(2.0)
+    assert m["output_tok_s"]["ratio"] == pytest.approx(2.0, rel=0.05)
     swapped = compare(b, a, replicates=500, seed=0)
     assert swapped["ttft_p50_ms"]["verdict"] == "a_better"
     assert swapped["output_tok_s"]["verdict"] == "a_better"
+
+
+def test_a_handful_of_requests_gets_no_verdict():
+    """One request a side, 113.6 ms apart: every replicate draws the same values, the interval
+    is [-113.6, -113.6], and that is no evidence; nor are 3 sessions a side, however far apart."""
+    rng = np.random.default_rng(3)
+    one_a = side_data(_records(rng, 1, 1, 200.0, "a", spread=0.0), window_s=5.0)
+    one_b = side_data(_records(rng, 1, 1, 86.4, "b", spread=0.0), window_s=5.0)
+    m = compare(one_a, one_b, replicates=300, seed=0)
+    assert m["ttft_p50_ms"]["ci_low"] == m["ttft_p50_ms"]["ci_high"]
+    assert {v["verdict"] for v in m.values()} == {"insufficient"}
+    few_a = side_data(_records(rng, 3, 5, 200.0, "a"), window_s=5.0)
+    few_b = side_data(_records(rng, 3, 5, 50.0, "b"), window_s=5.0)
+    assert compare(few_a, few_b, replicates=300, seed=0)["ttft_p50_ms"]["verdict"] == "b_better"
+    thin = compare(few_a, few_b, replicates=300, seed=0, min_sessions=10, min_requests=30)
+    assert {v["verdict"] for v in thin.values()} == {"insufficient"}
 
 
 def test_same_distribution_is_no_difference():

@@ -67,16 +67,20 @@ def test_slo_boundaries_and_one_token_answers():
     assert not is_good(_rec(ttft=None, tpot=1.0), slo)  # no first token: not good
 
 
-def test_goodput_shares_and_rates_count_measured_requests_only():
+def test_goodput_counts_failed_requests_as_missing_the_slo():
+    cancelled = {**_rec(ttft=1, tpot=1, e2e=1, ok=False), "error": "cancelled"}
     recs = [_rec(ttft=10, tpot=5, e2e=100, osl=10, isl=90),   # good
             _rec(ttft=10, tpot=50, e2e=100, osl=20, isl=80),  # tpot misses
             _rec(ttft=900, tpot=5, e2e=100),                  # ttft misses
             _rec(ttft=10, tpot=5, e2e=100, osl=30, isl=70),   # good
             _rec(ttft=1, tpot=1, e2e=1, warmup=True),         # warm-up: not counted
-            _rec(ttft=1, tpot=1, e2e=1, ok=False)]            # failed: not counted
+            _rec(ttft=1, tpot=1, e2e=1, ok=False),            # failed: counted, met nothing
+            cancelled]                                        # stopped by the run: not counted
     g = goodput(recs, {"ttft": 100.0, "tpot": 10.0}, window_s=2.0)
-    assert g["met"] == {"ttft": 0.75, "tpot": 0.75, "all": 0.5}
-    assert g["good_requests"] == 2
+    assert g["met"] == {"ttft": 0.6, "tpot": 0.6, "all": 0.4}
+    assert g["good_requests"] == 2 and g["failed_requests"] == 1
+    failing = [_rec(ttft=1, tpot=1, e2e=1)] * 5 + [_rec(ok=False)] * 2  # every success good
+    assert goodput(failing, {"ttft": 100.0}, 1.0)["met"]["all"] == pytest.approx(5 / 7)
     assert g["requests_s"] == 1.0
     assert g["output_tok_s"] == (10 + 30) / 2.0
     assert g["total_tok_s"] == (10 + 90 + 30 + 70) / 2.0
@@ -111,6 +115,7 @@ def test_report_of_one_run_prints_the_table_and_writes_plots(tmp_path, capsys):
     assert agentx_main(["report", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "TTFT ms" in printed and "throughput:" in printed and "validation:" in printed
+    assert "simulator cpu-tiny" in printed  # the target is named
     _assert_png(out / "latency_cdf.png")
     _assert_png(out / "server_timeseries.png")
     # the same run without its summary.json: rebuilt from requests.jsonl + metrics.jsonl
@@ -163,9 +168,9 @@ def test_goodput_of_a_run_where_half_the_requests_meet_the_slo(tmp_path):
 def test_pareto_of_three_runs(tmp_path, capsys):
     trace = write_trace(tmp_path / "tr", think=0.05, out=30)
     dirs = []
-    for conc in (1, 2, 4):
+    for conc in (1, 2, 4):  # c1 keeps the default --min-samples: 4 requests, insufficient
         run(_cfg(tmp_path, trace, out=f"sweep/c{conc}", conc=conc, max_requests=4 * conc,
-                 gpus=2))
+                 gpus=2, **({} if conc == 1 else {"min_samples": 1})))
         dirs.append(str(tmp_path / "sweep" / f"c{conc}"))
     capsys.readouterr()
     assert agentx_main(["report", *dirs, "--slo", "ttft:100000", "-o",
@@ -184,6 +189,9 @@ def test_pareto_of_three_runs(tmp_path, capsys):
         assert float(r["slo_met_all"]) == 1.0  # a 100 s TTFT SLO: every request is good
     for key in ("frontier_interactivity", "frontier_e2e_interactivity"):
         assert any(r[key] == "True" for r in rows)
+        assert rows[0][key] == "False"  # insufficient: never on the frontier
+    assert [r["validation"] for r in rows] == ["insufficient", "pass", "pass"]
+    assert "insufficient" in printed
     _assert_png(tmp_path / "rep" / "pareto.png")
     # a directory of runs is read as those runs
     assert agentx_main(["report", str(tmp_path / "sweep"), "--no-plots"]) == 0
@@ -235,5 +243,7 @@ def test_killed_run_is_rebuilt_by_report(tmp_path, capsys):
     assert s["rebuilt"] is True and s["stop_reason"] == "killed"
     assert s["validation"]["verdict"] == "fail"
     assert s["completed"] == len(measured(recs)) > 0
-    assert s["config"]["conc"] == len({r["lane"] for r in recs})
+    # run.json, written at the start, gives the rebuilt summary the config the run had
+    assert s["config"]["conc"] == 4 and s["config"]["trace"] == str(trace)
+    assert s["target"]["kind"] == "simulator" and s["target"]["profile"] == "cpu-tiny"
     _assert_png(out / "latency_cdf.png")

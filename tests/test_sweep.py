@@ -73,6 +73,8 @@ def test_sweep_h200_against_the_simulator(tmp_path):
     assert [(c["label"], c["conc"], c["status"]) for c in cells] == \
         [("p0-tp8", 1, "ok"), ("p0-tp8", 4, "ok")]
     assert {c["reset_prefix_cache"] for c in cells} == {"reset"}
+    for c in cells:  # sweep.json carries each cell's verdict
+        assert c["verdict"] == _summary(Path(c["dir"]))["validation"]["verdict"]
     for conc in (1, 4):
         s = _summary(out / "p0-tp8" / f"c{conc}")
         assert IX_KEYS <= set(s)
@@ -86,6 +88,26 @@ def test_sweep_h200_against_the_simulator(tmp_path):
     assert sorted(int(r["conc"]) for r in rows) == [1, 4]
     assert {r["recipe"] for r in rows} == {"minimaxm3-fp8-h200"}
     assert (out / "pareto.png").stat().st_size > 1000
+
+
+def test_sweep_cell_with_a_handful_of_requests_is_insufficient(tmp_path):
+    """Four requests in the window (an H200 cell at --warmup 0 measured 1): the verdict is
+    insufficient, never pass, in sweep.json, summary.json and runs.csv, the console says so,
+    and the cell stays off the Pareto frontier; the plot lists it."""
+    out = tmp_path / "sweep"
+    proc = _sweep("minimaxm3-fp8-h200", *FAST, "--conc", "2", "--set", "max_requests=4",
+                  "--set", "duration_s=0", "-o", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (cell,) = _cells(out)
+    assert cell["status"] == "ok" and cell["verdict"] == "insufficient"
+    s = _summary(out / "p0-tp8" / "c2")
+    assert s["completed"] <= 4 and s["validation"]["verdict"] == "insufficient"
+    assert s["labels"] == {"recipe": "minimaxm3-fp8-h200", "point": "p0-tp8"}
+    assert "verdict insufficient" in proc.stderr
+    (row,) = _csv(out)
+    assert row["validation"] == "insufficient"
+    assert row["frontier_interactivity"] == row["frontier_e2e_interactivity"] == "False"
+    assert "insufficient" in proc.stdout and (out / "pareto.png").stat().st_size > 1000
 
 
 def test_sweep_b300_points_and_resume(tmp_path):

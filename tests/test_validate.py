@@ -53,6 +53,24 @@ def test_clean_run_passes_and_lists_skips(real: dict) -> None:
                  "golden_thinking_mode"):
         assert check(res, name)["ok"] is None
     assert len(res["skipped"]) == 5
+    assert check(res, "samples") == {"name": "samples", "ok": True, "measured": 100,
+                                     "expected": ">= 30", "reason": ""}
+
+
+def test_too_few_requests_is_insufficient_not_pass(real: dict) -> None:
+    """A window of 1 request (a sweep cell at --warmup 0 on an H200) must not read `pass`;
+    a check that fails outranks it; the floor is --min-samples."""
+    res = validate(summary(real, completed=1), Expectations())
+    assert res["verdict"] == "insufficient"
+    assert check(res, "samples") == {**check(res, "samples"), "ok": False, "measured": 1}
+    assert "fewer than --min-samples 30" in res["reasons"][0]
+    assert validate(summary(real, completed=29), Expectations())["verdict"] == "insufficient"
+    assert validate(summary(real, completed=30), Expectations())["verdict"] == "pass"
+    assert validate(summary(real, completed=5), Expectations(min_samples=5))["verdict"] == "pass"
+    failing = validate(summary(real, completed=1), Expectations(), extra_reasons=["client-bound"])
+    assert failing["verdict"] == "fail" and len(failing["reasons"]) == 2
+    assert validate(summary(real, completed=1), Expectations(),
+                    interrupted="SIGINT")["verdict"] == "interrupted"
 
 
 def test_extra_reasons_fail(real: dict) -> None:

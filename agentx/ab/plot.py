@@ -22,11 +22,21 @@ def cdf_plot(doc: dict, path: Path) -> Path:
     for ax, (tag, label) in zip(axes, PANELS):
         for name, color in (("a", "tab:blue"), ("b", "tab:orange")):
             v = _values(doc[name]["runs"], tag)
-            if v.size:
-                ax.plot(v, np.arange(1, v.size + 1) / v.size, lw=1.5, color=color,
-                        label=f"{name.upper()} (p50 {np.percentile(v, 50):,.1f})")
+            side = doc[name].get("label") or name.upper()
+            if v.size:  # a step per value, and a dot each when few: one value still shows
+                ax.step(np.concatenate([[v[0]], v]),
+                        np.concatenate([[0.0], np.arange(1, v.size + 1) / v.size]),
+                        where="post", lw=1.5, color=color, marker="o" if v.size < 30 else None,
+                        ms=3, label=f"{side} (n {v.size}, p50 {np.percentile(v, 50):,.1f})")
+            else:
+                ax.plot([], [], color=color, label=f"{side}: no values")
         ax.set_xlabel(label)
+        ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right", fontsize=8)
     axes[0].set_ylabel("fraction of requests")
-    return _save(plt, fig, path, f"A: {doc['a'].get('spec')}   B: {doc['b'].get('spec')}")
+    note = "; ".join(f"{k}: {v}" for k, v in (doc.get("insufficient") or {}).items())
+    title = (f"{doc['a'].get('label') or 'A'}: {doc['a'].get('spec')}   "
+             f"{doc['b'].get('label') or 'B'}: {doc['b'].get('spec')}"
+             + (f"\nno verdict: {note}" if note else ""))
+    return _save(plt, fig, path, title)

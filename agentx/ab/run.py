@@ -25,7 +25,7 @@ from ..records import read_records
 from ..run import run
 from .sides import Side, open_side
 from .spec import ABConfig, default_ab_dir
-from .stats import compare, point, side_data
+from .stats import compare, point, side_data, too_thin
 
 AB_JSON = "ab.json"
 
@@ -130,13 +130,13 @@ def _document(cfg: ABConfig, out: Path, sides: dict[str, Side],
         # each repeat alone: the run-to-run spread the two-stage bootstrap accounts for
         by_run[name] = [point(side_data(recs, r["throughput"]["window_s"])) if measured(recs)
                         else None for recs, r in zip(per, runs)]
-    for name, d in data.items():
-        if not d.n_sessions:
-            raise RuntimeError(f"side {name.upper()} measured no request: see "
-                               f"{summaries[name][0]['output_dir'] if summaries[name] else out}")
-    metrics = compare(data["a"], data["b"], replicates=cfg.bootstrap, seed=cfg.seed)
-    return {"a": _side_summary(sides.get("a"), summaries["a"]),
-            "b": _side_summary(sides.get("b"), summaries["b"]),
+    metrics = compare(data["a"], data["b"], replicates=cfg.bootstrap, seed=cfg.seed,
+                      min_sessions=cfg.min_sessions, min_requests=cfg.min_samples)
+    thin = {name: why for name in ("a", "b")
+            if (why := too_thin(data[name], cfg.min_sessions, cfg.min_samples))}
+    return {"a": {**_side_summary(sides.get("a"), summaries["a"]), "label": cfg.side_name("a")},
+            "b": {**_side_summary(sides.get("b"), summaries["b"]), "label": cfg.side_name("b")},
+            "insufficient": {k.upper(): v for k, v in thin.items()},
             "sessions": {"a": data["a"].n_sessions, "b": data["b"].n_sessions},
             "bootstrap": {"replicates": cfg.bootstrap, "level": 0.95,
                           "resampled": "runs, then sessions" if cfg.repeats > 1 else "sessions",

@@ -36,6 +36,12 @@ class ABConfig(RunConfig):
                            "--sim-* flags given apply on top", group=AB)
     bootstrap: int = opt(2000, "bootstrap replicates for the 95% intervals", group=AB,
                          ge=100, le=100000)
+    min_sessions: int = opt(10, "a side with fewer measured sessions gets no verdict "
+                            "(insufficient): the intervals resample sessions", group=AB, ge=0)
+    a_label: str | None = opt(None, "a name for side A in tables, plots and its runs' labels "
+                              "(default: A)", group=AB, min_length=1, max_length=60)
+    b_label: str | None = opt(None, "a name for side B (default: B)", group=AB, min_length=1,
+                              max_length=60)
 
     @model_validator(mode="after")
     def _sides(self) -> "ABConfig":
@@ -57,7 +63,9 @@ class ABConfig(RunConfig):
         (and its offload tier's size where its recipe gives it and --offload-tokens does not)."""
         data = self.model_dump(exclude=set(ABConfig.model_fields) - set(RunConfig.model_fields))
         data.update(base_url=base_url, seed=self.seed + repeat - 1, overwrite=True,
-                    output_dir=str(out / side / str(repeat)), api_key=self.api_key)
+                    output_dir=str(out / side / str(repeat)), api_key=self.api_key,
+                    labels={**self.labels, "ab_side": self.side_name(side),
+                            "repeat": str(repeat)})
         if model:
             data["model"] = model
         if self.offload_tokens is None and offload_tokens is not None:
@@ -65,6 +73,10 @@ class ABConfig(RunConfig):
         if self.parallel:
             data["progress"] = False  # two live displays would overwrite each other
         return RunConfig.model_validate(data)
+
+    def side_name(self, side: str) -> str:
+        """`A` / `B`, or the name the user gave the side."""
+        return (self.a_label if side == "a" else self.b_label) or side.upper()
 
     def schedule(self) -> list[tuple[str, int]]:
         """(side, repeat) in running order: A1..AR B1..BR, or A1 B1 A2 B2 ... interleaved."""

@@ -28,6 +28,8 @@ import numpy as np
 
 from ..metrics.summary import measured
 
+INSUFFICIENT = "insufficient"
+
 
 @dataclass(frozen=True)
 class ABMetric:
@@ -177,8 +179,13 @@ METRICS: tuple[ABMetric, ...] = (
 
 
 def verdict(m: ABMetric, ci_low: float | None, ci_high: float | None) -> str:
-    """b_better / a_better when the interval of B - A excludes 0, in the metric's direction."""
-    if ci_low is None or ci_high is None or ci_low <= 0 <= ci_high:
+    """b_better / a_better when the interval of B - A excludes 0, in the metric's direction;
+    `insufficient` when there is no interval or it has no width: every replicate drew the
+    same value (one session a side, or one value a metric), which is no evidence of a
+    difference however far from 0 it lies."""
+    if ci_low is None or ci_high is None or ci_low == ci_high:
+        return INSUFFICIENT
+    if ci_low <= 0 <= ci_high:
         return "no_difference"
     b_higher = ci_low > 0
     return "b_better" if b_higher == m.higher_is_better else "a_better"
@@ -196,26 +203,46 @@ def _interval(x: np.ndarray, level: float) -> tuple[float | None, float | None]:
     return float(lo), float(hi)
 
 
+def too_thin(d: SideData, min_sessions: int, min_requests: int) -> str | None:
+    """Why a side's sample cannot carry a verdict (None when it can): the bootstrap resamples
+    sessions, so a handful of them gives intervals that are mostly the handful's own
+    spread (percentile intervals from fewer than ~10 clusters undercover: Davison & Hinkley
+    1997, sec. 5.4), and few requests make every percentile a single value's."""
+    n_req = int(d.owner.size)
+    if d.n_sessions < min_sessions:
+        return f"{d.n_sessions} session(s) measured, fewer than --min-sessions {min_sessions}"
+    if n_req < min_requests:
+        return f"{n_req} request(s) measured, fewer than --min-samples {min_requests}"
+    return None
+
+
 def compare(a: SideData, b: SideData, *, replicates: int = 2000, seed: int = 0,
-            level: float = 0.95, metrics: Sequence[ABMetric] = METRICS) -> dict:
+            level: float = 0.95, metrics: Sequence[ABMetric] = METRICS,
+            min_sessions: int = 0, min_requests: int = 0) -> dict:
     """`{name: {a, b, diff, ratio, ci_low, ci_high, ratio_ci_low, ratio_ci_high, verdict}}`
-    with the percentile-bootstrap interval of B - A (ci_*) and of B / A (ratio_ci_*)."""
-    if not a.n_sessions or not b.n_sessions:
-        raise ValueError("each side needs at least one measured session")
+    with the percentile-bootstrap interval of B - A (ci_*) and of B / A (ratio_ci_*); every
+    verdict is `insufficient` when a side has fewer sessions or requests than asked."""
+    thin = too_thin(a, max(1, min_sessions), min_requests) \
+        or too_thin(b, max(1, min_sessions), min_requests)
+    empty = not a.n_sessions or not b.n_sessions  # nothing to resample: no interval
     rng = np.random.default_rng(seed)
-    wa, wb = weights(a, rng, replicates), weights(b, rng, replicates)
-    pa, pb = point(a, metrics), point(b, metrics)
+    if not empty:
+        wa, wb = weights(a, rng, replicates), weights(b, rng, replicates)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pa, pb = point(a, metrics), point(b, metrics)
     out = {}
     for m in metrics:
         va, vb = pa[m.name], pb[m.name]
-        ra, rb = m.compute(a, wa), m.compute(b, wb)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ci, rci = _interval(rb - ra, level), _interval(rb / ra, level)
+        ci = rci = (None, None)
+        if not empty:
+            ra, rb = m.compute(a, wa), m.compute(b, wb)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ci, rci = _interval(rb - ra, level), _interval(rb / ra, level)
         out[m.name] = {
             "label": m.label, "higher_is_better": m.higher_is_better, "a": va, "b": vb,
             "diff": None if va is None or vb is None else vb - va,
             "ratio": None if va in (None, 0) or vb is None else vb / va,
             "ci_low": ci[0], "ci_high": ci[1], "ratio_ci_low": rci[0], "ratio_ci_high": rci[1],
-            "verdict": verdict(m, *ci),
+            "verdict": INSUFFICIENT if thin else verdict(m, *ci),
         }
     return out

@@ -65,6 +65,18 @@ async def first_model(session: HTTPClient | aiohttp.ClientSession, base_url: str
     return m["id"], m.get("max_model_len")
 
 
+async def server_version(session: HTTPClient | aiohttp.ClientSession, base_url: str,
+                         timeout_s: float | None = None) -> str | None:
+    """The server's version from GET /version (vLLM: {"version": "0.32.0"}), None when it
+    does not say: a label for results, never a reason to fail."""
+    kw = {"timeout": aiohttp.ClientTimeout(total=timeout_s)} if timeout_s else {}
+    try:
+        v = (await get_json(session, base_url.rstrip("/") + "/version", **kw)).get("version")
+    except Exception:  # noqa: BLE001 - any failure means "not said"
+        return None
+    return str(v)[:100] if v is not None else None
+
+
 def probe_error(exc: BaseException, what: str, timeout_s: float | None) -> str:
     """One line saying which start-up probe failed and how, for an InputError."""
     if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):

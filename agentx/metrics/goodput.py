@@ -7,6 +7,10 @@ SLOs are in ms on `ttft`, `tpot` and `e2el` (vLLM's names); a request is good wh
 metric is <= its SLO (vLLM: `s >= r`). A request with one output token or none has no TPOT;
 vLLM counts its TPOT as 0 for goodput, and so do we. Goodput = good requests / the run's
 measurement window; the same window gives good tokens/s (vLLM reports requests/s only).
+The shares met are over the measured requests plus the window's failed ones: a request that
+failed met no SLO (vLLM's goodput counts completed requests only, so a server failing 29% of
+its requests could read "met: 100%"). Requests cancelled by the run's own stop are left out:
+they ended because the run did, not because the server was slow.
 """
 from __future__ import annotations
 
@@ -83,11 +87,13 @@ def is_good(rec: Mapping, slo: Mapping[str, float]) -> bool:
 
 
 def goodput(records: Sequence[dict], slo: Mapping[str, float], window_s: float) -> dict:
-    """The summary's `goodput` block over the measured requests (ok, not warm-up: the same
-    set as every other summary figure): the share meeting each SLO and all of them, and good
-    requests and tokens per second over the run's measurement window."""
+    """The summary's `goodput` block: the share of the window's requests (measured, i.e. ok and
+    not warm-up, plus failed ones) meeting each SLO and all of them, and good requests and
+    tokens per second over the run's measurement window."""
     meas = measured(records)
-    n = len(meas)
+    failed = sum(1 for r in records
+                 if not r["ok"] and not r["warmup"] and r.get("error") != "cancelled")
+    n = len(meas) + failed
     good = [r for r in meas if is_good(r, slo)]
     w = max(window_s, 1e-9)
     out_tok = sum(r.get("osl") or 0 for r in good)
@@ -99,6 +105,7 @@ def goodput(records: Sequence[dict], slo: Mapping[str, float], window_s: float) 
                    for k, v in slo.items()},
                 "all": len(good) / n if n else None},
         "good_requests": len(good),
+        "failed_requests": failed,
         "requests_s": len(good) / w,
         "output_tok_s": out_tok / w,
         "total_tok_s": (in_tok + out_tok) / w,

@@ -33,6 +33,7 @@ SERIES_KEYS: dict[str, tuple[str, str]] = {
     "waiting": (sm.WAITING, "sum"),
     "kv_usage": (sm.KV_USAGE, "mean"),
     "prompt_tokens": (sm.PROMPT_TOKENS, "sum"),
+    "prompt_cached": (sm.PROMPT_CACHED, "sum"),
     "generation_tokens": (sm.GEN_TOKENS, "sum"),
     "prefix_hits": (sm.PREFIX_HITS, "sum"),
     "prefix_queries": (sm.PREFIX_QUERIES, "sum"),

@@ -4,8 +4,12 @@ Each check reads named fields of summary.json and compares them with what the
 configuration promised (Expectations). A check whose input is missing is
 *skipped* with a reason, never failed, except the required-metric-families
 check: a server without the core vLLM metrics cannot back any server-side
-figure, so that absence fails. Exit-code policy (strict + fail → 3) belongs
-to the caller.
+figure, so that absence fails. Exit-code policy (strict + fail or insufficient → 3)
+belongs to the caller.
+
+Verdicts, worst first: `interrupted` (stopped early), `fail` (a check failed), `insufficient`
+(no check failed but the window holds fewer measured requests than `min_samples`: its
+percentiles and rates are too thin to publish), `pass`.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from typing import Any, Iterable
 from agentx.metrics.server_metrics import CORE_FAMILIES
 
 THINKING_MODES = ("on", "off")
+SAMPLES = "samples"  # the check whose failure makes the verdict `insufficient`
 
 
 @dataclass
@@ -30,8 +35,9 @@ class Expectations:
       InferenceX calibrates AL to 2 decimals; 0.05 covers the sampling noise
       of a few thousand drafts (H200, docs/references.md §5: target 2.5, measured 2.52).
     - offload_expected / working_set_exceeds_pool: an offload connector is
-      configured and the trace's working set does not fit the device pool, so
-      some prompt blocks must come back from the offload tier.
+      configured (--expect-offload, a known tier size, or external hits the server
+      reports) and the trace's working set does not fit the device pool, so some
+      prompt blocks must come back from the offload tier.
     - theoretical_hit_rate / hit_rate_tolerance: prefix-hit rate the trace
       allows given the KV pool, and an absolute band (0.10 = 10 points). The
       model cannot reproduce vLLM exactly: block alignment (a partial last
@@ -55,6 +61,11 @@ class Expectations:
       with or without ``_total``).
     - require_complete_window: both the start and the end scrape succeeded, so
       counter deltas cover the whole run.
+    - min_samples: measured requests (ok, in the window) below which the verdict is
+      `insufficient`: a p90 from 13 values is the 12th of them, and a rate over a window
+      that holds a handful of requests is mostly the window's edges. 30 is the usual
+      floor for a sample mean's normal approximation; p99 wants 100 or more (the console
+      flags it below that).
     """
 
     max_error_rate: float = 0.01
@@ -69,12 +80,13 @@ class Expectations:
     golden: dict | None = None
     required_families: list[str] = field(default_factory=lambda: list(CORE_FAMILIES))
     require_complete_window: bool = True
+    min_samples: int = 30
 
     def __post_init__(self) -> None:
         if self.thinking is not None and self.thinking not in THINKING_MODES:
             raise ValueError(f"thinking must be one of {THINKING_MODES} or None, "
                              f"got {self.thinking!r}")
-        for name in ("max_error_rate", "al_tolerance", "hit_rate_tolerance"):
+        for name in ("max_error_rate", "al_tolerance", "hit_rate_tolerance", "min_samples"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
 
@@ -92,6 +104,7 @@ def validate(summary: dict, exp: Expectations, extra_reasons: Iterable[str] = ()
     sm = summary.get("server_metrics")
     sm = sm if isinstance(sm, dict) else None
     checks = [
+        _samples(summary, exp),
         _error_rate(summary, exp),
         _families(sm, exp),
         _window(sm, exp),
@@ -102,10 +115,12 @@ def validate(summary: dict, exp: Expectations, extra_reasons: Iterable[str] = ()
         _golden_thinking(summary, exp),
     ]
     checks += [_check("extra", False, None, None, str(r)) for r in extra_reasons]
-    failed = [c for c in checks if c["ok"] is False]
-    reasons = [f"{c['name']}: {c['reason']}" for c in failed]
+    thin = [c for c in checks if c["name"] == SAMPLES and c["ok"] is False]
+    failed = [c for c in checks if c["ok"] is False and c["name"] != SAMPLES]
+    reasons = [f"{c['name']}: {c['reason']}" for c in failed + thin]
     return {
-        "verdict": "interrupted" if interrupted else "fail" if failed else "pass",
+        "verdict": "interrupted" if interrupted else "fail" if failed
+        else "insufficient" if thin else "pass",
         "reasons": ([f"interrupted: {interrupted}"] if interrupted else []) + reasons,
         "skipped": [f"{c['name']}: {c['reason']}" for c in checks if c["ok"] is None],
         "warnings": list(warnings),
@@ -138,6 +153,18 @@ def _get(d: dict | None, *path: str) -> Any:
 
 def _metrics_available(sm: dict | None) -> bool:
     return sm is not None and sm.get("available") is not False
+
+
+def _samples(summary: dict, exp: Expectations) -> dict:
+    """Input: summary["completed"] (measured requests in the window). Too few makes the
+    verdict `insufficient`, not `fail`: nothing was shown wrong, nothing was shown either."""
+    n = _num(summary.get("completed"))
+    if n is None:
+        return _skip(SAMPLES, "summary lacks 'completed'", f">= {exp.min_samples}")
+    ok = n >= exp.min_samples
+    return _check(SAMPLES, ok, int(n), f">= {exp.min_samples}", "" if ok else
+                  f"{int(n)} measured request(s) in the window, fewer than --min-samples "
+                  f"{exp.min_samples}: run longer (--duration) or with more lanes")
 
 
 def _error_rate(summary: dict, exp: Expectations) -> dict:

@@ -62,8 +62,9 @@ _SWEEP_FLAGS: list[tuple[tuple[str, ...], dict]] = [
                      "help": "skip cells whose summary.json exists (and was not rebuilt)"}),
     (("--duration",), {"type": float, "metavar": "S",
                        "help": "seconds per cell, overriding the recipe's run.duration_s"}),
-    (("--warmup",), {"type": float, "metavar": "S",
-                     "help": "warm-up seconds per cell, overriding the recipe's run.warmup_s"}),
+    (("--warmup",), {"metavar": "S|auto",
+                     "help": "warm-up per cell, overriding the recipe's run.warmup_s: seconds, "
+                     "or auto (the default: until every lane has finished its first request)"}),
     (("--set",), {"action": "append", "default": [], "metavar": "KEY=VALUE", "dest": "run_set",
                   "help": "a run option for every cell (a RunConfig field, YAML value), e.g. "
                   "think_scale=0.1; repeatable"}),

@@ -55,12 +55,14 @@ class Cell:
     dir: Path
     status: str = "pending"  # ok | failed | skipped
     error: str | None = None
+    verdict: str | None = None  # the run's validation verdict (pass, insufficient, fail, ...)
     reset_prefix_cache: str | None = None
     seconds: float | None = None
 
     def record(self) -> dict:
         return {"point": self.point, "label": self.label, "conc": self.conc,
-                "dir": str(self.dir), "status": self.status, "error": self.error,
+                "dir": str(self.dir), "status": self.status, "verdict": self.verdict,
+                "error": self.error,
                 "reset_prefix_cache": self.reset_prefix_cache, "seconds": self.seconds}
 
 
@@ -180,6 +182,8 @@ def cell_config(recipe: Recipe, cell: Cell, opts: SweepOptions, base_url: str,
     data = {**recipe.run_options(), **opts.run, "conc": cell.conc, "base_url": base_url,
             "gpus": point.gpus, "output_dir": str(cell.dir), "overwrite": True,
             "progress": False}
+    # the cell's recipe and point, stored from the run's start and shown in every report
+    data["labels"] = {**(data.get("labels") or {}), "recipe": recipe.name or "", "point": cell.label}
     if model:
         data["model"] = model
     pin = golden_pin(recipe, spec_k(recipe, point, cell.conc), recipe_dir) if recipe_dir \
@@ -216,7 +220,8 @@ def run_cell(recipe: Recipe, cell: Cell, servers: Servers, opts: SweepOptions) -
     try:
         url, model = servers.url_and_model(cell)
         cell.reset_prefix_cache = reset_prefix_cache(url)
-        run(cell_config(recipe, cell, opts, url, model, servers.path.parent))
+        summary = run(cell_config(recipe, cell, opts, url, model, servers.path.parent))
+        cell.verdict = (summary.get("validation") or {}).get("verdict")
         annotate(recipe, cell, {"backend": servers.backend,
                                 "reset_prefix_cache": cell.reset_prefix_cache})
         if servers.died:
@@ -268,6 +273,9 @@ def sweep(recipe: Recipe, path: Path, opts: SweepOptions) -> list[Cell]:
                     if cell.error:
                         console.print(f"  [red]{cell.label} c{cell.conc} failed:[/red] "
                                       f"{cell.error.splitlines()[0]}")
+                    elif cell.verdict not in (None, "pass"):
+                        console.print(f"  [yellow]{cell.label} c{cell.conc}: verdict "
+                                      f"{cell.verdict}[/yellow] (kept off the Pareto frontier)")
                 write_record(out / SWEEP_JSON, recipe, backend, why, cells)
                 bar.advance(task)
     finally:
@@ -278,14 +286,15 @@ def sweep(recipe: Recipe, path: Path, opts: SweepOptions) -> list[Cell]:
 
 def report(cells: list[Cell], out: Path) -> None:
     """runs.csv, pareto.png and the frontier table over every cell with a summary."""
-    from rich.console import Console
-
     from ..report.cli import report_many
+    from ..report.console import make_console
     from ..report.rebuild import load_run
 
     runs = [load_run(c.dir) for c in cells if (c.dir / SUMMARY).exists()]
-    console = Console()
+    missing = [f"{c.label} c{c.conc}: failed: {(c.error or '').splitlines()[0][:90]}"
+               for c in cells if c.status == "failed" and not (c.dir / SUMMARY).exists()]
+    console = make_console()
     if not runs:
         console.print("agentx sweep: no cell produced results; see " + str(out / SWEEP_JSON))
         return
-    report_many(runs, out, console)
+    report_many(runs, out, console, missing=missing)

@@ -13,6 +13,8 @@ from rich.table import Table
 
 from ..errors import InputError
 from ..metrics.goodput import parse_slo
+from ..target import target_text
+from .console import make_console
 from .pareto import INTERACTIVITY, frontier_key, mark_frontiers, run_row
 from .rebuild import Run, find_runs, load_run
 
@@ -56,7 +58,7 @@ def _options(args: argparse.Namespace) -> tuple[int | None, dict | None]:
 
 def main(args: argparse.Namespace) -> int:
     gpus, slo = _options(args)
-    console = Console()
+    console = make_console()
     runs = [load_run(d, gpus=gpus, slo=slo) for d in find_runs(args.dirs)]
     for r in runs:
         for note in r.notes:
@@ -74,17 +76,26 @@ def report_one(run: Run, console: Console, *, plots: bool = True) -> int:
     if plots:
         from .plots import latency_cdfs, server_timeseries
 
-        title = f"{run.dir.name}: {(run.summary.get('config') or {}).get('trace') or ''}"
+        title = plot_title(run)
         made = [latency_cdfs(run.records, run.dir / "latency_cdf.png", title)]
         if run.metrics:
             made.append(server_timeseries(run.metrics, run.dir / "server_timeseries.png",
-                                          title))
+                                          title, run.summary, run.records))
         console.print("plots: " + ", ".join(str(p) for p in made))
     return 0
 
 
+def plot_title(run: Run) -> str:
+    """`DIR: trace swe, conc 8 — simulator PROFILE; labels` for a run's plots."""
+    cfg = run.summary.get("config") or {}
+    return (f"{run.dir.name}: trace {cfg.get('trace') or '?'}, conc {cfg.get('conc') or '?'} — "
+            f"{target_text(run.summary)}")
+
+
 def report_many(runs: list[Run], out: Path, console: Console, *, goodput: bool = False,
-                gpus: int | None = None, plots: bool = True) -> int:
+                gpus: int | None = None, plots: bool = True, missing: list[str] = ()) -> int:
+    """runs.csv, the frontier table and pareto.png; `missing`: runs that produced no result
+    (a sweep's failed cells), listed under the plot."""
     rows = [run_row(str(r.dir), r.summary, r.records, gpus) for r in runs]
     y, y_label = ("goodput_tok_s_per_gpu", "goodput tok/s per GPU") if goodput \
         else ("total_tok_s_per_gpu", "throughput tok/s per GPU")
@@ -101,7 +112,7 @@ def report_many(runs: list[Run], out: Path, console: Console, *, goodput: bool =
     if plots:
         from .plots import pareto_plot
 
-        console.print(f"plot: {pareto_plot(rows, out / PARETO_PNG, y, y_label)}")
+        console.print(f"plot: {pareto_plot(rows, out / PARETO_PNG, y, y_label, missing)}")
     return 0
 
 
@@ -115,13 +126,15 @@ def write_csv(rows: list[dict], path: Path) -> Path:
 
 def print_pareto(rows: list[dict], y: str, y_label: str, console: Console) -> None:
     t = Table(title=f"{len(rows)} runs: {y_label} against interactivity in tok/s/user "
-                    "(* = on the Pareto frontier)")
-    for c in ("run", "conc", y_label.replace(" per GPU", "/GPU"), "TTFT p50 ms", "TPOT p50 ms",
-              "1000/TPOT p50", "1000/p90(E2E/OSL)", "verdict"):
+                    "(* = on the Pareto frontier; runs whose verdict is not pass stay off it)")
+    for c in ("run", "conc", "n", y_label.replace(" per GPU", "/GPU"), "TTFT p50 ms",
+              "TPOT p50 ms", "1000/TPOT p50", "1000/p90(E2E/OSL)", "verdict"):
         t.add_column(c, justify="left" if c in ("run", "verdict") else "right")
     for r in sorted(rows, key=lambda r: (r["conc"] or 0, r["run"])):
         inter = [_f(r[c]) + (" *" if r[frontier_key(c)] else "") for c, _ in INTERACTIVITY]
-        t.add_row(os.path.basename(r["run"]), str(r["conc"] or ""), _f(r[y]),
+        name = os.path.basename(r["run"])
+        t.add_row(f"{r['point']}/{name}" if r["point"] else name, str(r["conc"] or ""),
+                  str(r["completed"]), _f(r[y]),
                   _f(r["ttft_p50_ms"]), _f(r["tpot_p50_ms"]), *inter, r["validation"]
                   + (" (rebuilt)" if r["rebuilt"] else ""))
     console.print(t)

@@ -4,44 +4,71 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from ..metrics.window import not_steady_note
+from ..metrics.window import headline, not_steady_note
+from ..target import target_text
+
+WIDE = 200  # columns when stdout is not a terminal: a file or a pipe gets whole numbers
+THIN_P99 = 100  # a p99 from fewer values is flagged: it is the largest value or next to it
+
+
+def make_console(stderr: bool = False) -> Console:
+    """A rich Console that, writing to a pipe or a file (no terminal to size to), is wide
+    enough that no table cell is cut to `14,4…`; on a terminal, the terminal's width."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal:
+        console.width = max(console.width, WIDE)
+    return console
 
 
 def _f(v: float | None, nd: int = 1) -> str:
     return "-" if v is None else f"{v:,.{nd}f}"
 
 
-def print_summary(summary: dict, console: Console | None = None) -> None:
-    console = console or Console()
+ROWS = (("ttft_ms", "TTFT ms"), ("ttfc_ms", "TTFC ms"), ("tpot_ms", "TPOT ms"),
+        ("itl_ms", "ITL (chunk) ms"), ("itl_token_ms", "ITL (token) ms"), ("e2e_ms", "E2E ms"),
+        ("interactivity_tok_s_user", "tok/s/user"))
+
+
+def title(summary: dict) -> str:
+    """`agentx — swe conc 8 — simulator h200-minimaxm3-fp8`: the workload and the target."""
     cfg = summary.get("config") or {}
-    t = Table(title=f"agentx — {cfg.get('trace') or '?'} conc {cfg.get('conc') or '?'}")
+    return (f"agentx — {cfg.get('trace') or '?'} conc {cfg.get('conc') or '?'} — "
+            f"{target_text(summary)}")
+
+
+def print_summary(summary: dict, console: Console | None = None) -> None:
+    console = console or make_console()
+    t = Table(title=title(summary))
     t.add_column("metric")
-    for c in ("mean", "p50", "p90", "p99"):
+    for c in ("n", "mean", "p50", "p90", "p99"):
         t.add_column(c, justify="right")
-    for key, label in (("ttft_ms", "TTFT ms"), ("ttfc_ms", "TTFC ms"), ("tpot_ms", "TPOT ms"),
-                       ("itl_ms", "ITL (chunk) ms"), ("itl_token_ms", "ITL (token) ms"),
-                       ("e2e_ms", "E2E ms"), ("interactivity_tok_s_user", "tok/s/user")):
+    thin = False
+    for key, label in ROWS:
         d = summary.get(key) or {}
-        t.add_row(label, *(_f(d.get(c)) for c in ("mean", "p50", "p90", "p99")))
+        n = d.get("count")
+        flag = n is not None and 0 < n < THIN_P99
+        thin |= flag
+        t.add_row(label, "-" if n is None else f"{n:,}",
+                  *(_f(d.get(c)) for c in ("mean", "p50", "p90")),
+                  _f(d.get("p99")) + (" †" if flag else ""))
+    if thin:
+        t.caption = f"n: values per metric; † p99 of fewer than {THIN_P99} values (near the maximum)"
     console.print(t)
-    th = summary["throughput"]
     cache = summary["cache"]
     lines = [
         (f"requests: {summary['completed']} completed, {summary['failed']} failed, "
          f"{summary['cancelled']} cancelled, {summary['warmup_requests']} warm-up (excluded)"),
-        f"throughput: {_f(th['total_tok_s'])} tok/s total, {_f(th['output_tok_s'])} output tok/s, "
-        f"{_f(th['requests_s'], 3)} req/s over {_f(th['window_s'])} s"
-        + (f", {_f(th['per_gpu_tok_s'])} tok/s/GPU" if th.get("per_gpu_tok_s") else ""),
+        *throughput_lines(summary),
         cache_line(cache),
     ]
-    lines[2:2] = window_lines(summary)
+    lines[1:1] = window_lines(summary)
     gp = summary.get("goodput")
     if gp:
         slo = ", ".join(f"{k} <= {v:g} ms" for k, v in gp["slo_ms"].items())
         met = ", ".join(f"{k} {_pct(v)}" for k, v in gp["met"].items())
         lines.append(f"goodput ({slo}): {_f(gp['requests_s'], 3)} req/s, "
                      f"{_f(gp['total_tok_s'])} tok/s, {_f(gp['output_tok_s'])} output tok/s; "
-                     f"met: {met}")
+                     f"met (failed requests count as missed): {met}")
     if summary.get("errors"):
         lines.append("errors: " + ", ".join(f"{k}={v}" for k, v in summary["errors"].items()))
     sm = summary.get("server_metrics") or {}
@@ -64,6 +91,29 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         console.print(ln)
 
 
+def throughput_lines(summary: dict) -> list[str]:
+    """The headline throughput with its one-line definition, then the other two, each
+    labelled as what it is."""
+    th = summary["throughput"]
+    gpus = (summary.get("config") or {}).get("gpus")
+    h = th.get("headline") or headline(th, gpus)
+    out = [f"throughput: {_f(h['total_tok_s'])} tok/s total, {_f(h['output_tok_s'])} output "
+           f"tok/s" + (f", {_f(h['per_gpu_tok_s'])} tok/s/GPU" if h.get("per_gpu_tok_s") else "")
+           + f" — {h['definition']}"]
+    if h["source"] == "delivered":
+        out.append(f"  measured requests only (sent in the window; the latency table's): "
+                   f"{_f(th['total_tok_s'])} tok/s total, {_f(th['output_tok_s'])} output tok/s, "
+                   f"{_f(th['requests_s'], 3)} req/s over {_f(th['window_s'])} s")
+    else:
+        out.append(f"  {_f(th['requests_s'], 3)} req/s over {_f(th['window_s'])} s")
+    if th.get("server_total_tok_s") is not None:
+        out.append(f"  server's /metrics over the whole run, start-up included: "
+                   f"{_f(th['server_total_tok_s'])} tok/s total, "
+                   f"{_f(th['server_output_tok_s'])} output tok/s over "
+                   f"{_f(th['server_window_s'])} s")
+    return out
+
+
 def cache_line(cache: dict) -> str:
     """Achieved hit rate beside the theory the validation used (the pool-aware one when the
     server's KV pool is known: GPU pool plus offload tier) and the infinite-cache figure, each
@@ -80,24 +130,15 @@ def cache_line(cache: dict) -> str:
 
 
 def window_lines(summary: dict) -> list[str]:
-    """Where the measurement window sat, the server's throughput over the whole run, and a
-    plain warning when the window did not see the steady state."""
-    win, th = summary.get("window"), summary["throughput"]
+    """Where the measurement window sat, and a plain warning when it did not see the steady
+    state."""
+    win = summary.get("window")
     out = []
     if win:
         wu = "auto" if win["warmup"] == "auto" else f"{win['warmup']:g} s"
         out.append(f"window: +{_f(win['start_s'])} to +{_f(win['end_s'])} s (warm-up {wu}, "
                    f"ramp-up {win['ramp_up_s']:g} s); steady state: "
                    f"{'yes' if win['steady_state'] else 'NO'}")
-    if th.get("delivered_total_tok_s") is not None:
-        out.append(f"delivered in the window (every request completing from its start to the "
-                   f"stop, warm-up ones too): {_f(th['delivered_total_tok_s'])} tok/s total, "
-                   f"{_f(th['delivered_output_tok_s'])} output tok/s over "
-                   f"{_f(th['delivered_window_s'])} s")
-    if th.get("server_total_tok_s") is not None:
-        out.append(f"server (/metrics, whole run incl. start-up): {_f(th['server_total_tok_s'])} "
-                   f"tok/s total, {_f(th['server_output_tok_s'])} output tok/s over "
-                   f"{_f(th['server_window_s'])} s")
     note = not_steady_note(win) if win else None
     if note:
         out.append(note)

@@ -3,7 +3,11 @@
 Interactivity is InferenceX's x axis: tokens per second one user sees, 1000 / TPOT p50 (ms);
 and an end-to-end form, 1000 / p90(E2E ms / output tokens), which also charges the queueing
 and prefill a user waits through. A point is on the frontier when no other run has at least
-its throughput per GPU and at least its interactivity, and more of one of them.
+its throughput per GPU and at least its interactivity, and more of one of them. Only runs
+whose verdict can be published take part: `pass`, or no validation; a run whose verdict is
+`insufficient` (too few requests), `fail`, `interrupted` (or rebuilt from a killed run's
+records) is listed with its verdict and plotted apart, never on the frontier. Throughput is
+each run's headline figure (agentx.metrics.window.headline).
 """
 from __future__ import annotations
 
@@ -12,6 +16,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..metrics.summary import measured
+from ..metrics.window import headline
+
+PUBLISHABLE = ("pass", "")  # verdicts a frontier point may have ("": validation off)
 
 # (column, x) pairs the frontier is computed for
 INTERACTIVITY = (("interactivity_tok_s_user", "1000 / TPOT p50 (tok/s/user)"),
@@ -49,6 +56,7 @@ def run_row(name: str, summary: dict, records: list[dict], gpus: int | None = No
     cfg = summary.get("config") or {}
     n_gpu = cfg.get("gpus") or summary.get("gpus") or gpus or 1
     th = summary["throughput"]
+    h = th.get("headline") or headline(th)
     gp = summary.get("goodput") or {}
     v = (summary.get("validation") or {}).get("verdict", "")
     tpot_p50 = (summary.get("tpot_ms") or {}).get("p50")
@@ -57,8 +65,9 @@ def run_row(name: str, summary: dict, records: list[dict], gpus: int | None = No
         "run": name, "recipe": _label(summary, "recipe"), "point": _label(summary, "point"),
         "trace": cfg.get("trace") or "", "conc": cfg.get("conc"), "gpus": n_gpu,
         "rebuilt": bool(summary.get("rebuilt")), "completed": summary["completed"],
-        "total_tok_s": th["total_tok_s"], "total_tok_s_per_gpu": th["total_tok_s"] / n_gpu,
-        "output_tok_s": th["output_tok_s"], "output_tok_s_per_gpu": th["output_tok_s"] / n_gpu,
+        "total_tok_s": h["total_tok_s"], "total_tok_s_per_gpu": h["total_tok_s"] / n_gpu,
+        "output_tok_s": h["output_tok_s"], "output_tok_s_per_gpu": h["output_tok_s"] / n_gpu,
+        "throughput_source": h["source"],
         "ttft_p50_ms": pct["ttft_ms"].get("p50"), "ttft_p90_ms": pct["ttft_ms"].get("p90"),
         "ttft_p99_ms": pct["ttft_ms"].get("p99"),
         "tpot_p50_ms": tpot_p50, "tpot_p90_ms": pct["tpot_ms"].get("p90"),
@@ -71,7 +80,14 @@ def run_row(name: str, summary: dict, records: list[dict], gpus: int | None = No
         "server_hit_rate": ((summary.get("server_metrics") or {}).get("prefix_cache")
                             or {}).get("hit_rate"),
         "validation": v,
+        "labels": ";".join(f"{k}={x}" for k, x in (summary.get("labels") or {}).items()),
     }
+
+
+def publishable(row: dict) -> bool:
+    """A run that may stand on the frontier: its verdict is pass (or it was not validated),
+    and it is not a killed run's rebuilt summary."""
+    return row["validation"] in PUBLISHABLE and not row["rebuilt"]
 
 
 def frontier_key(col: str) -> str:
@@ -80,9 +96,10 @@ def frontier_key(col: str) -> str:
 
 
 def mark_frontiers(rows: list[dict], y: str = "total_tok_s_per_gpu") -> list[dict]:
-    """Add `frontier_<x>` booleans to each row, one per interactivity definition."""
+    """Add `frontier_<x>` booleans to each row, one per interactivity definition; only
+    publishable runs take part."""
     for col, _ in INTERACTIVITY:
-        on = set(frontier([(r[col], r[y]) for r in rows]))
+        on = set(frontier([(r[col], r[y]) if publishable(r) else (None, None) for r in rows]))
         for i, r in enumerate(rows):
             r[frontier_key(col)] = i in on
     return rows

@@ -8,6 +8,7 @@ them.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ import numpy as np
 from ..errors import InputError
 from ..metrics.definitions import METRICS
 from ..metrics.summary import measured
-from .pareto import INTERACTIVITY, frontier
+from .pareto import INTERACTIVITY, frontier, publishable
 
 CDF_METRICS = (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)"), ("itl_ms", "ITL, chunk (ms)"))
 DPI = 110
@@ -57,22 +58,80 @@ def latency_cdfs(records: list[dict], path: Path, title: str) -> Path:
     return _save(plt, fig, path, title)
 
 
+def _delta(a: dict, b: dict, key: str) -> float | None:
+    try:
+        d = b[key] - a[key]
+    except (KeyError, TypeError):
+        return None
+    return d if d >= 0 else None  # a counter reset: no figure for that interval
+
+
 def interval_hit_rate(rows: list[dict]) -> list[float | None]:
-    """Prefix-cache hit rate within each scrape interval: Δhits / Δqueries (None when the
-    server answered no query then, or a counter reset)."""
+    """Prefix-cache hit rate within each scrape interval, every tier counted (as the client's
+    achieved rate: cached prompt tokens / prompt tokens). vLLM's own total of both tiers is
+    vllm:prompt_tokens_cached (local + external, vllm/v1/metrics/loggers.py), over
+    vllm:prompt_tokens. Series without it: (Δprefix_cache_hits + Δexternal_prefix_cache_hits)
+    over Δprompt_tokens; a connector's (offload tier's) hits are only in the external family.
+    Not over vllm:prefix_cache_queries: vLLM 0.24 with SimpleCPUOffload counted a waiting
+    request's lookup at every scheduler step (94M queries for 3.1M prompt tokens in a 32-lane
+    H200 run). None when the server prefilled nothing then, or a counter reset."""
     out: list[float | None] = [None]
     for a, b in itertools.pairwise(rows):
-        try:
-            dq = b["prefix_queries"] - a["prefix_queries"]
-            dh = b["prefix_hits"] - a["prefix_hits"]
-        except (KeyError, TypeError):
-            out.append(None)
-            continue
-        out.append(dh / dq if dq > 0 and dh >= 0 else None)
+        den = _delta(a, b, "prompt_tokens")
+        if den is None:
+            den = _delta(a, b, "prefix_queries")
+        num = _delta(a, b, "prompt_cached")
+        if num is None:
+            dh = _delta(a, b, "prefix_hits")
+            num = None if dh is None else dh + (_delta(a, b, "external_hits") or 0.0)
+        out.append(None if num is None or not den else min(1.0, num / den))
     return out
 
 
-def server_timeseries(rows: list[dict], path: Path, title: str) -> Path:
+def interval_throughput(rows: list[dict]) -> list[float | None]:
+    """Tokens (prompt + generated) the server processed per second within each interval."""
+    out: list[float | None] = [None]
+    for a, b in itertools.pairwise(rows):
+        dp, dg = _delta(a, b, "prompt_tokens"), _delta(a, b, "generation_tokens")
+        dt = (b.get("t") or 0.0) - (a.get("t") or 0.0)
+        out.append((dp + dg) / dt if dp is not None and dg is not None and dt > 0 else None)
+    return out
+
+
+def phases(rows: list[dict], summary: dict | None, records: list[dict] | None) -> list[tuple]:
+    """(start, end, label, colour) on the plot's time axis (seconds since the first scrape)
+    for the warm-up, the measurement window and the drain. The window's instants are on the
+    records' monotonic clock; a record's start_wall_ns - start_ns maps that clock to the wall
+    time the scrapes carry."""
+    win = (summary or {}).get("window") or {}
+    if not rows or not rows[0].get("wall") or not records or not win.get("start_ns"):
+        return []
+    offs = [r["start_wall_ns"] - r["start_ns"] for r in records
+            if r.get("start_wall_ns") and r.get("start_ns")]
+    if not offs:
+        return []
+    off = float(np.median(offs))
+
+    def at(ns: float | None) -> float | None:
+        return None if not ns else (ns + off) / 1e9 - rows[0]["wall"]
+
+    t0 = at(min(r["start_ns"] for r in records))
+    start, end = at(win["start_ns"]), at(win.get("end_ns"))
+    last = at(max(r["end_ns"] for r in records if r.get("end_ns")))
+    out = []
+    if t0 is not None and start is not None and start > t0:
+        out.append((t0, start, "warm-up", "tab:orange"))
+    if start is not None and end is not None and end > start:
+        out.append((start, end, "window", "tab:green"))
+    if end is not None and last is not None and last > end:
+        out.append((end, last, "drain", "tab:grey"))
+    return out
+
+
+def server_timeseries(rows: list[dict], path: Path, title: str, summary: dict | None = None,
+                      records: list[dict] | None = None) -> Path:
+    """Running, waiting, KV-cache usage, the server's throughput and the prefix hit rate (all
+    tiers) per scrape interval, with the run's warm-up, window and drain shaded."""
     plt = _pyplot()
     t = [r.get("t", 0.0) for r in rows]
 
@@ -82,43 +141,78 @@ def server_timeseries(rows: list[dict], path: Path, title: str) -> Path:
     panels = (("running requests", [r.get("running") for r in rows]),
               ("waiting requests", [r.get("waiting") for r in rows]),
               ("KV-cache usage (%)", [pct(r.get("kv_usage")) for r in rows]),
-              ("prefix hit rate per\ninterval (%)", [pct(v) for v in interval_hit_rate(rows)]))
-    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 9), sharex=True)
+              ("server throughput\n(tok/s, prompt + output)", interval_throughput(rows)),
+              ("prefix hit rate per interval,\nGPU + offload tier (%)",
+               [pct(v) for v in interval_hit_rate(rows)]))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 11), sharex=True)
+    shade = phases(rows, summary, records)
     for ax, (label, y) in zip(axes, panels):
-        ax.plot(t, [np.nan if v is None else v for v in y], lw=1.2, marker=".", ms=3)
+        for a, b, name, colour in shade:
+            ax.axvspan(a, b, color=colour, alpha=0.12, lw=0, label=name)
+        ax.plot(t, [np.nan if v is None else v for v in y], lw=1.2, marker=".", ms=3,
+                color="C0")
         ax.set_ylabel(label, fontsize=9)
         ax.grid(alpha=0.3)
+    if shade:
+        axes[0].legend(loc="upper right", fontsize=7, ncol=len(shade))
     axes[-1].set_ylim(0, 100)
     axes[-1].set_xlabel("seconds since the first /metrics scrape")
     return _save(plt, fig, path, title)
 
 
-def pareto_plot(rows: list[dict], path: Path, y: str, y_label: str) -> Path:
-    """One panel per interactivity definition: every run, the frontier joined and ringed."""
+def pareto_plot(rows: list[dict], path: Path, y: str, y_label: str,
+                missing: Sequence[str] = ()) -> Path:
+    """One panel per interactivity definition: every run coloured by its operating point
+    (recipe point, else the run's labels), the frontier of the publishable runs joined and
+    ringed; runs that may not stand on it (verdict insufficient, fail, ...) drawn as grey
+    crosses and listed under the plot with `missing` (cells that produced no result)."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(INTERACTIVITY), figsize=(12, 4.8))
+    groups = sorted({_group(r) for r in rows})
+    colour = {g: f"C{i % 10}" for i, g in enumerate(groups)}
+    out = [r for r in rows if not publishable(r)]
+    notes = [f"{_point_label(r)}: {r['validation'] or 'no verdict'}"
+             + (" (rebuilt)" if r["rebuilt"] else "") for r in out] + list(missing)
+    fig, axes = plt.subplots(1, len(INTERACTIVITY), figsize=(12, 4.8 + 0.16 * len(notes)))
     for ax, (col, x_label) in zip(axes, INTERACTIVITY):
         pts = [(r[col], r[y]) for r in rows]
         have = [i for i, (a, b) in enumerate(pts) if a is not None and b is not None]
-        ax.scatter([pts[i][0] for i in have], [pts[i][1] for i in have], s=22, color="C0",
-                   label="run")
+        for g in groups:
+            mine = [i for i in have if _group(rows[i]) == g and publishable(rows[i])]
+            if mine:
+                ax.scatter([pts[i][0] for i in mine], [pts[i][1] for i in mine], s=24,
+                           color=colour[g], label=g or "run")
+        bad = [i for i in have if not publishable(rows[i])]
+        if bad:
+            ax.scatter([pts[i][0] for i in bad], [pts[i][1] for i in bad], s=30, marker="x",
+                       color="grey", label="not publishable (verdict)")
         for i in have:
-            ax.annotate(_point_label(rows[i]), pts[i], fontsize=7, xytext=(3, 3),
+            tag = "" if publishable(rows[i]) else f" ({rows[i]['validation'] or 'no verdict'})"
+            ax.annotate(_point_label(rows[i]) + tag, pts[i], fontsize=7, xytext=(3, 3),
                         textcoords="offset points")
-        front = frontier(pts)
+        front = [i for i in frontier([p if publishable(r) else (None, None)
+                                      for p, r in zip(pts, rows)])]
         if front:
             ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], color="C3", lw=1.5,
                     marker="o", mfc="none", ms=10, label="Pareto frontier")
         ax.set_xlabel(x_label)
         ax.set_ylabel(y_label)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    return _save(plt, fig, path, f"{y_label} against interactivity ({len(rows)} runs)")
+        ax.legend(fontsize=7)
+    if notes:
+        fig.text(0.01, 0.01, "left off the frontier:\n" + "\n".join(notes), fontsize=7,
+                 va="bottom", family="monospace")
+    title = f"{y_label} against interactivity ({len(rows)} runs)"
+    return _save(plt, fig, path, title, bottom=(0.3 + 0.16 * len(notes)) / fig.get_figheight()
+                 if notes else None)
 
 
-def _save(plt, fig, path: Path, title: str) -> Path:
+def _group(row: dict) -> str:
+    return row.get("point") or row.get("labels") or ""
+
+
+def _save(plt, fig, path: Path, title: str, bottom: float | None = None) -> Path:
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, bottom or 0, 1, 1))
     try:
         fig.savefig(path, dpi=DPI)
     except OSError as e:

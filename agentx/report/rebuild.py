@@ -24,6 +24,7 @@ from ..metrics.summary import summarize
 from ..records import merge_record_files, read_jsonl
 
 REQUESTS, SUMMARY, METRICS_FILE = "requests.jsonl", "summary.json", "metrics.jsonl"
+RUN_JSON = "run.json"
 WORKER_GLOB = "requests.w*.jsonl"
 KILLED = "killed: the run ended without writing summary.json; rebuilt from its records " \
          "by agentx report (window and config estimated, server series possibly partial)"
@@ -120,7 +121,8 @@ def load_run(run_dir: Path, *, gpus: int | None = None, slo: dict | None = None)
         if not records:
             raise InputError(str(run_dir), f"no {SUMMARY} and no readable request in "
                              f"{REQUESTS}: nothing to report")
-        summary = rebuild_summary(records, metrics, gpus=gpus, slo=slo)
+        summary = rebuild_summary(records, metrics, gpus=gpus, slo=slo,
+                                  meta=read_run_json(run_dir))
         summary["rebuilt_from"] = {"records": len(records), "unreadable_lines": bad,
                                    "worker_files_merged": merged, "metrics_rows": len(metrics),
                                    "unreadable_metrics_lines": bad_m}
@@ -132,15 +134,32 @@ def load_run(run_dir: Path, *, gpus: int | None = None, slo: dict | None = None)
     return Run(run_dir, summary, records, metrics, notes)
 
 
-def measurement_window_s(records: list[dict]) -> float:
-    """The live run's window, estimated from the records: from the engine's start (the first
-    intended send) or, when a warm-up period flagged turns, from the first measured request's
-    intended send, to the last measured completion."""
+def read_run_json(run_dir: Path) -> dict | None:
+    """run.json (config, target, labels, run metadata; written at the run's start), or None
+    for a run from before it existed or one whose file is unreadable."""
+    try:
+        meta = orjson.loads((run_dir / RUN_JSON).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def measurement_window_s(records: list[dict], auto_warmup: bool = False) -> float:
+    """The live run's window, estimated from the records: with an auto warm-up (run.json
+    says), from the instant every lane had finished its first request, as the live run;
+    else from the engine's start (the first intended send) or, when a warm-up period flagged
+    turns, from the first measured request's intended send; to the last measured completion."""
     def sent(r: dict) -> int:
         return r.get("intended_send_ns") or r["start_ns"]
 
     t0 = min(sent(r) for r in records)
-    if any(r["warmup"] and r.get("kind") == "turn" for r in records):
+    firsts: dict[int, dict] = {}
+    for r in records:
+        if r["lane"] not in firsts or r["start_ns"] < firsts[r["lane"]]["start_ns"]:
+            firsts[r["lane"]] = r
+    if auto_warmup:
+        t0 = max(r["end_ns"] for r in firsts.values())
+    elif any(r["warmup"] and r.get("kind") == "turn" for r in records):
         t0 = min((sent(r) for r in records if not r["warmup"]), default=t0)
     ends = [r["end_ns"] for r in records if r["ok"] and not r["warmup"]] \
         or [r["end_ns"] for r in records]
@@ -148,12 +167,14 @@ def measurement_window_s(records: list[dict]) -> float:
 
 
 def rebuild_summary(records: list[dict], metrics: list[dict], *, gpus: int | None = None,
-                    slo: dict | None = None) -> dict:
+                    slo: dict | None = None, meta: dict | None = None) -> dict:
     """summary.json of a killed run: the live run's `summarize` over the records, the
-    server_metrics block from the metrics.jsonl series (incomplete window), marked rebuilt."""
+    server_metrics block from the metrics.jsonl series (incomplete window), marked rebuilt.
+    `meta` (run.json) gives the config, target and labels the run started with."""
     server = series_server_metrics(metrics) if metrics else None
     sm_ = server or {}
-    s = summarize(records, window_s=measurement_window_s(records), gpus=gpus,
+    auto = ((meta or {}).get("config") or {}).get("warmup_s") == "auto"
+    s = summarize(records, window_s=measurement_window_s(records, auto), gpus=gpus,
                   block_size=sm_.get("kv_block_size"), kv_pool_tokens=sm_.get("kv_pool_tokens"))
     if slo:
         s["goodput"] = goodput(records, slo, s["throughput"]["window_s"])
@@ -162,6 +183,10 @@ def rebuild_summary(records: list[dict], metrics: list[dict], *, gpus: int | Non
     s["rebuilt"] = True
     s["config"] = {"trace": None, "conc": len({r["lane"] for r in records}), "gpus": gpus,
                    "slo": slo, "inferred": "conc = lanes seen in the records; the rest unknown"}
+    if meta and isinstance(meta.get("config"), dict):
+        s.update({k: meta[k] for k in ("config", "target", "labels", "run") if k in meta})
+        if gpus:
+            s["config"] = {**s["config"], "gpus": gpus}
     s["validation"] = {"verdict": "fail", "reasons": [KILLED], "skipped": [], "checks": []}
     return s
 

@@ -41,7 +41,7 @@ and stalled the loop for a whole-table rebuild now and then (see PrefixCache).
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 
 from .aio import Steps, run_steps
@@ -75,11 +75,17 @@ class PrefixCache:
         self._uncached = 0  # blocks running requests hold that never enter the cache
         self._last: Sequence[Hashable] = ()  # keys of the last fast-path observe (see observe)
         self.evictions = 0  # > 0: the working set did not fit the pool
-        self.on_evict: Callable[[Hashable], None] | None = None  # e.g. a lazy offload store
+        # evicted keys, in eviction order, a step's worth at a time (e.g. a lazy offload store)
+        self.on_evict: Callable[[list[Hashable]], None] | None = None
 
     def __len__(self) -> int:
         """Cached blocks (held or free)."""
         return self._n_free + self._n_held
+
+    @property
+    def held(self) -> int:
+        """Blocks running requests hold (cached keys and uncached blocks)."""
+        return self._n_held + self._uncached
 
     def __contains__(self, key: Hashable) -> bool:
         i = hash(key) & _MASK
@@ -127,6 +133,7 @@ class PrefixCache:
         free, cb = self._free, self.on_evict
         heap = [(next(iter(sh.values())), i) for i, sh in enumerate(free) if sh]
         heapq.heapify(heap)
+        gone: list[Hashable] = []  # for on_evict, one call per step
         done = 0
         while over > 0 and heap:
             _, i = heapq.heappop(heap)
@@ -136,12 +143,18 @@ class PrefixCache:
             self.evictions += 1
             over -= 1
             if cb is not None:
-                cb(k)
+                gone.append(k)
             if sh:
                 heapq.heappush(heap, (next(iter(sh.values())), i))
             done += 1
-            if done % STEP_BLOCKS == 0 and over > 0:
-                yield
+            if done % STEP_BLOCKS == 0:
+                if gone:
+                    cb(gone)
+                    gone = []
+                if over > 0:
+                    yield
+        if gone:
+            cb(gone)
 
     def acquire(self, keys: Sequence[Hashable], limit: int | None = None,
                 uncached: int = 0) -> int | None:
@@ -265,6 +278,40 @@ class PrefixCache:
                     self._n_free += 1
         yield from self._evict_steps()
 
+    def store_each(self, keys: Sequence[Hashable]) -> None:
+        """`store` one key at a time, in order: each key is its own copy, so one that the
+        earlier keys' stores evicted is stored again (the lazy path, as the simulator's tier
+        stores each GPU eviction: sim/offload.py `on_gpu_evict`). The same as calling
+        `store((k,))` per key, without rebuilding the eviction heap each time."""
+        if self.capacity is None:
+            return
+        self._last = ()
+        free, held, cap, cb = self._free, self._held, self.capacity, self.on_evict
+        heap: list[tuple[int, int]] | None = None
+        for k in keys:
+            i = hash(k) & _MASK
+            sh = free[i]
+            if k in sh or k in held[i]:
+                continue
+            self._free_key(k, i)
+            self._n_free += 1
+            if heap is not None and len(sh) == 1:
+                heapq.heappush(heap, (self._clock, i))
+            if self._n_free + self._n_held + self._uncached <= cap:
+                continue
+            if heap is None:
+                heap = [(next(iter(f.values())), j) for j, f in enumerate(free) if f]
+                heapq.heapify(heap)
+            _, j = heapq.heappop(heap)
+            f = free[j]
+            gone, _ = f.popitem(last=False)
+            self._n_free -= 1
+            self.evictions += 1
+            if f:
+                heapq.heappush(heap, (next(iter(f.values())), j))
+            if cb is not None:
+                cb([gone])
+
     def touch(self, keys: Sequence[Hashable]) -> None:
         """A load read these cached blocks: they move to the free queue's end in order (vLLM
         touches the CPU blocks for the copy, then frees them in block order)."""
@@ -278,10 +325,24 @@ class PrefixCache:
                 self._free_key(k, i)
 
 
+class Admission:
+    """One request in the modelled server from its send to its release: waiting in the
+    server's queue until the pool can hold it, then running with its hits known (`hits`, GPU +
+    tier, and `tier_hits`, the tier's share; None while waiting)."""
+
+    __slots__ = ("keys", "limit", "uncached", "hits", "tier_hits")
+
+    def __init__(self, keys: Sequence[Hashable], limit: int | None, uncached: int) -> None:
+        self.keys, self.limit, self.uncached = keys, limit, uncached
+        self.hits: int | None = None
+        self.tier_hits = 0
+
+
 class TieredCache:
     """The GPU pool and, behind it, an offload tier (host DRAM), as vLLM's offload connectors
     use them; both are `PrefixCache`s (the SimpleCPUOffload CPU pool is itself a vLLM
-    `BlockPool` with the same free-queue order: vllm/v1/simple_kv_offload/manager.py).
+    `BlockPool` with the same free-queue order and the GPU's block size:
+    vllm/v1/simple_kv_offload/manager.py `_derive_cpu_config`, vLLM 0.24.0 and 0.32.0).
 
       * lookup: the GPU's leading hit first, then the tier's leading hit from where it ended
         (`get_num_new_matched_tokens` matches the remaining block hashes only); the loaded
@@ -292,18 +353,40 @@ class TieredCache:
       * eager store (SimpleCPUOffload's default, Mooncake): every newly computed block of a
         request is copied, so the tier also mirrors what the GPU holds.
 
-    `acquire` returns the total hit blocks (GPU + tier); `last_tier_hits` the tier's share.
-    With no tier (capacity None or 0) this is the GPU `PrefixCache` alone."""
+    The server's waiting queue (`queue=True`, the replay engine's setting): `submit` at send,
+    `settle` once the response is in (its hits are then known), `finish` at completion. vLLM
+    looks a request up when its scheduler admits it, not when it arrives: `Scheduler.schedule`
+    takes waiting requests first come first served, calls `get_computed_blocks` and the
+    connector's `get_num_new_matched_tokens` there, and records those hits as the response's
+    `cached_tokens` (`prefill_stats.set`; vllm/v1/core/sched/scheduler.py, 0.24.0 and 0.32.0).
+    It admits one only when its whole prompt fits in the free blocks (`allocate_slots(...,
+    full_sequence_must_fit=True)`, `scheduler_reserve_full_isl` default True,
+    vllm/config/scheduler.py), and stops at the first that does not fit. So here a submitted
+    request waits while the blocks running requests hold plus its own would exceed the pool
+    (its keys are counted whole: keys shared with a running request make it wait a little
+    longer than vLLM would), its lookup and acquire happen when it is admitted, by a `finish`
+    that freed room or by its own `settle` (the server has answered it, so it was admitted),
+    and a waiting request holds no blocks. With a full pool the wait is long: on the H200 run
+    of tests/data/h200-runs-2 the server queued requests 10.6 s on average, during which the
+    tier turned over; looking up at send over-predicted the hit rate by 12 points there
+    (docs/server-metrics.md). `queue=False` looks up at `submit` (the model before
+    2026-12-02).
+
+    `acquire` / `release` are one request admitted at once (no queue); `acquire` returns the
+    total hit blocks (GPU + tier) and `last_tier_hits` the tier's share. With no tier
+    (capacity None or 0) this is the GPU `PrefixCache` alone."""
 
     def __init__(self, gpu_blocks: int | None, tier_blocks: int | None = None,
-                 eager: bool = False) -> None:
+                 eager: bool = False, queue: bool = True) -> None:
         self.gpu = PrefixCache(gpu_blocks)
         self.tier = PrefixCache(tier_blocks) if tier_blocks and gpu_blocks is not None else None
         self.eager = eager
+        self.queue = queue
+        self.waiting: deque[Admission] = deque()  # submitted, not admitted yet (FCFS)
         self.last_tier_hits = 0
         if self.tier is not None and not eager:
             tier = self.tier
-            self.gpu.on_evict = lambda k: tier.store((k,))
+            self.gpu.on_evict = tier.store_each
 
     @property
     def capacity(self) -> int | None:
@@ -320,22 +403,84 @@ class TieredCache:
 
     def acquire_steps(self, keys: Sequence[Hashable], limit: int | None = None,
                       uncached: int = 0) -> Steps[int | None]:
-        tier = self.tier
-        if tier is None:
-            return (yield from self.gpu.acquire_steps(keys, limit, uncached))
-        n = len(keys) if limit is None else min(limit, len(keys))
-        dev = yield from self.gpu._hits_steps(keys, 0, n)
-        host = (yield from tier._hits_steps(keys, dev, n)) - dev
-        tier.touch(keys[dev:dev + host])
-        # lazy: GPU evictions store into the tier here
-        yield from self.gpu.acquire_steps(keys, limit, uncached)
-        if self.eager:
-            yield from tier.store_steps(keys[dev + host:])
-        self.last_tier_hits = host
-        return dev + host
+        if self.capacity is None:
+            return None
+        a = Admission(keys, limit, uncached)
+        yield from self._admit_steps(a)
+        return a.hits
 
     def release(self, keys: Sequence[Hashable], uncached: int = 0) -> None:
         self.gpu.release(keys, uncached)
 
     def release_steps(self, keys: Sequence[Hashable], uncached: int = 0) -> Steps[None]:
         return self.gpu.release_steps(keys, uncached)
+
+    def _admit_steps(self, a: Admission) -> Steps[None]:
+        """`a` starts running: its lookup, then its blocks are held."""
+        keys, limit, tier = a.keys, a.limit, self.tier
+        if tier is None:
+            a.hits = yield from self.gpu.acquire_steps(keys, limit, a.uncached)
+            self.last_tier_hits = 0
+            return
+        n = len(keys) if limit is None else min(limit, len(keys))
+        dev = yield from self.gpu._hits_steps(keys, 0, n)
+        host = (yield from tier._hits_steps(keys, dev, n)) - dev
+        tier.touch(keys[dev:dev + host])
+        # lazy: GPU evictions store into the tier here
+        yield from self.gpu.acquire_steps(keys, limit, a.uncached)
+        if self.eager:
+            yield from tier.store_steps(keys[dev + host:])
+        a.hits, a.tier_hits = dev + host, host
+        self.last_tier_hits = host
+
+    def _admit_waiting_steps(self) -> Steps[None]:
+        """Admit waiting requests in order while the first one fits (see the class doc)."""
+        gpu, waiting = self.gpu, self.waiting
+        while waiting:
+            a = waiting[0]
+            held = gpu.held
+            if held and held + len(a.keys) + a.uncached > gpu.capacity:
+                return
+            waiting.popleft()
+            yield from self._admit_steps(a)
+
+    def submit(self, keys: Sequence[Hashable], limit: int | None = None,
+               uncached: int = 0) -> Admission | None:
+        return run_steps(self.submit_steps(keys, limit, uncached))
+
+    def submit_steps(self, keys: Sequence[Hashable], limit: int | None = None,
+                     uncached: int = 0) -> Steps[Admission | None]:
+        """A request is sent: it joins the queue (admitted at once if it fits). None when the
+        pool is unknown (nothing is tracked)."""
+        if self.capacity is None:
+            return None
+        a = Admission(keys, limit, uncached)
+        if not self.queue:
+            yield from self._admit_steps(a)
+            return a
+        self.waiting.append(a)
+        yield from self._admit_waiting_steps()
+        return a
+
+    def settle(self, a: Admission) -> None:
+        run_steps(self.settle_steps(a))
+
+    def settle_steps(self, a: Admission) -> Steps[None]:
+        """The server has answered `a`, so it admitted it: if the model still has it waiting
+        (it thought the pool full), admit it now, ahead of its turn."""
+        if a.hits is None:
+            self.waiting.remove(a)
+            yield from self._admit_steps(a)
+
+    def finish(self, a: Admission) -> None:
+        run_steps(self.finish_steps(a))
+
+    def finish_steps(self, a: Admission) -> Steps[None]:
+        """`a` completed (or was given up): its blocks are freed, tail first, and the waiting
+        requests that now fit are admitted. One never admitted (not settled: e.g. cancelled
+        before the server took it) just leaves the queue."""
+        if a.hits is None:
+            self.waiting.remove(a)
+        else:
+            yield from self.gpu.release_steps(a.keys, a.uncached)
+        yield from self._admit_waiting_steps()

@@ -128,7 +128,8 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
     async with make_session(spec.client, len(spec.lanes)) as session:
         sender_cls = TokenIdsSender if tm.kind == "hf" else ChatSender
         sender = sender_cls(session, spec.client, keep_text=r.live_history)
-        cache_model = TieredCache(spec.pool_blocks, spec.offload_blocks, spec.offload_eager)
+        cache_model = TieredCache(spec.pool_blocks, spec.offload_blocks, spec.offload_eager,
+                                  queue=True)  # look up at admission, as vLLM does
         engine = Engine(Planner(traces, r.seed, r.start_min, r.start_max), synth, tm,
                         sender, ecfg, writer.write, cache_model)
         if on_engine:

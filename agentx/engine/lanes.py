@@ -36,7 +36,7 @@ from typing import Any, Awaitable, Callable, Protocol
 from ..aio import Steps, run_steps, run_steps_async
 from ..client.facts import StreamFacts
 from ..plan import Planner, split_count
-from ..prefix_cache import PrefixCache, TieredCache
+from ..prefix_cache import Admission, TieredCache
 from ..prompt.synth import Conversation, PreparedTurn, SynthConfig
 from ..prompt.token_model import TokenModel
 from ..records import RequestRecord, assemble
@@ -138,9 +138,9 @@ class Engine:
     def __init__(self, planner: Planner, synth: SynthConfig, token_model: TokenModel,
                  sender: Sender, cfg: EngineConfig,
                  on_record: Callable[[RequestRecord], None | Awaitable[None]],
-                 cache_model: PrefixCache | TieredCache | None = None) -> None:
+                 cache_model: TieredCache | None = None) -> None:
         self.planner, self.synth, self.tm = planner, synth, token_model
-        self.cache_model = cache_model or PrefixCache(None)
+        self.cache_model = cache_model or TieredCache(None)
         self.sender, self.cfg, self.on_record = sender, cfg, on_record
         self.stats = LiveStats(lanes=len(cfg.lanes) if cfg.lanes is not None else cfg.conc)
         self._stop = asyncio.Event()
@@ -404,21 +404,22 @@ class Engine:
                 run_steps(steps)  # finish it now: a half-done operation would corrupt the model
                 raise
 
-    async def _expect_pool(self, rec: RequestRecord, conv: Conversation,
-                           step: Turn) -> list | None:
-        """The server holds the prompt's blocks from its send until the response ends: acquire
-        them in the pool model (released by the caller) and record the pool-aware expected
-        hit (the infinite-cache figure when the server's pool is unknown). Returns the keys
-        acquired."""
+    async def _expect_pool(self, conv: Conversation, step: Turn) -> Admission | None:
+        """The prompt's blocks join the pool model's queue at send, as the request joins the
+        server's; the model looks it up when it admits it (TieredCache). None when the
+        server's pool is unknown."""
         keys = conv.block_keys(step.hash_ids)
-        hit_blocks = await self._cache_op(self.cache_model.acquire_steps(keys))
-        if hit_blocks is None:
-            return keys
+        return await self._cache_op(self.cache_model.submit_steps(keys))
+
+    async def _note_expected(self, rec: RequestRecord, conv: Conversation,
+                             ticket: Admission) -> None:
+        """The response is in, so the server admitted the request: record the pool-aware
+        expected hit (the infinite-cache figure stays when the pool is unknown)."""
+        await self._cache_op(self.cache_model.settle_steps(ticket))
         bs_tokens = conv.trace.block_size * self.synth.context_scale
-        rec.cached_expected_pool = min(rec.isl_intended, int(hit_blocks * bs_tokens))
-        tier_blocks = getattr(self.cache_model, "last_tier_hits", 0)
-        rec.cached_expected_offload = min(rec.cached_expected_pool, int(tier_blocks * bs_tokens))
-        return keys
+        rec.cached_expected_pool = min(rec.isl_intended, int((ticket.hits or 0) * bs_tokens))
+        rec.cached_expected_offload = min(rec.cached_expected_pool,
+                                          int(ticket.tier_hits * bs_tokens))
 
     async def _request(self, lane: int, conv: Conversation, step: Turn, turn_no: int, sid: str,
                        trace_id: str, subagent: str, prime: bool, warm: bool,
@@ -447,9 +448,9 @@ class Engine:
         # start a turn or two later: dispatch lag); a stop cancels the lane while in flight
         self._inflight[rid] = asyncio.current_task()
         # the cache-model bookkeeping (~1 us per prompt block) starts after the write
-        acquire = asyncio.create_task(self._expect_pool(rec, conv, step))
+        acquire = asyncio.create_task(self._expect_pool(conv, step))
         live_text = None
-        keys: list | None = None
+        ticket: Admission | None = None
         end_ns = 0
         try:
             live_text = await self.sender.send(conv, prepared, rec, body)
@@ -464,7 +465,9 @@ class Engine:
             end_ns = perf_ns()
             self._inflight.pop(rid, None)
             try:
-                keys = await acquire
+                ticket = await acquire
+                if ticket is not None and rec.start_ns:  # sent: the server took it
+                    await self._note_expected(rec, conv, ticket)
             except Exception as exc:  # the record matters more than the model
                 rec.error_detail = rec.error_detail or f"cache model: {exc}"[:300]
             self.stats.in_flight -= 1
@@ -476,7 +479,7 @@ class Engine:
             res = self.on_record(rec)
             if asyncio.iscoroutine(res):
                 await res
-            if keys is not None:
-                await self._cache_op(self.cache_model.release_steps(keys))
+            if ticket is not None:
+                await self._cache_op(self.cache_model.finish_steps(ticket))
         conv.answered(rec.osl or max_tokens, live_text)
         return end_ns

@@ -13,6 +13,10 @@ derived from the GPU's KV cache config, same block size (`_derive_cpu_config`).
 from __future__ import annotations
 
 from agentx.metrics.prom import Snapshot
+from agentx.prefix_cache import Admission, TieredCache
+from agentx.prompt.synth import Conversation, SynthConfig
+from agentx.prompt.token_model import builtin_model
+from agentx.trace.model import Subagent, Trace, TraceSet, Turn
 
 SIMPLE_INFO = "vllm:simple_kv_offload_info"
 CACHE_CONFIG = "vllm:cache_config_info"
@@ -68,3 +72,63 @@ def tier_theory(cache: dict) -> dict[str, float] | None:
             or off is None:
         return None
     return {"gpu": total - off, "offload": off}
+
+
+# -- the theory replayed over a finished run's records ---------------------------------------
+
+def _traces_by_id(traces: TraceSet) -> dict[str, Trace]:
+    """Every session of the set by id, subagents' own traces included."""
+    out: dict[str, Trace] = {}
+    todo = list(traces.traces)
+    while todo:
+        t = todo.pop()
+        out[t.id] = t
+        todo += [s.trace for s in t.steps if isinstance(s, Subagent)]
+    return out
+
+
+def replay_theory(records: list[dict], traces: TraceSet, *, context_scale: float,
+                  pool_tokens: int, tier_tokens: int | None, eager: bool = False,
+                  queue: bool = True, shared_prefix: str = "none"
+                  ) -> dict[str, tuple[int, int]]:
+    """The pool-aware expected hits of a run's requests, recomputed from its records: each
+    request's block keys as the engine derives them (`Conversation.block_keys` of its trace
+    turn, `turn` counting the trace's Turn steps as Engine._open does, namespaced per session
+    instance; the run's salt is not recorded, but any salt gives the same equalities),
+    submitted to a `TieredCache` at `start_ns`, settled and finished at `end_ns`, in time
+    order, as Engine._request does. Returns request_id -> (expected tokens through GPU + tier,
+    the tier's share), as `cached_expected_pool` / `cached_expected_offload`; requests never
+    sent are left out. One worker's view: a run split over workers gave each a share of the
+    pool (agentx.run)."""
+    by_id = _traces_by_id(traces)
+    turns = {tid: [s for s in t.steps if isinstance(s, Turn)] for tid, t in by_id.items()}
+    bs_tokens = traces.block_size * context_scale
+    cache = TieredCache(int(pool_tokens / bs_tokens),
+                        int(tier_tokens / bs_tokens) if tier_tokens else None, eager, queue)
+    tm = builtin_model()  # keys need the block factory's namespace hash only
+    convs: dict[str, Conversation] = {}
+    events = sorted(ev for i, r in enumerate(records) if r["start_ns"]
+                    for ev in ((r["start_ns"], 0, i), (r["end_ns"] or r["start_ns"], 1, i)))
+    tickets: dict[int, Admission | None] = {}
+    out: dict[str, tuple[int, int]] = {}
+    for _, kind, i in events:
+        r = records[i]
+        if kind == 0:  # sent: session id = run salt[:8] "-" instance ["/" subagent]
+            sid = r["session_id"]
+            if sid not in convs:
+                salt, instance = sid.split("-", 1)
+                cfg = SynthConfig(run_ns=salt, shared_prefix=shared_prefix,
+                                  context_scale=context_scale)
+                convs[sid] = Conversation(by_id[r["trace_id"]], instance.split("/", 1)[0],
+                                          cfg, tm)
+            keys = convs[sid].block_keys(turns[r["trace_id"]][r["turn"]].hash_ids)
+            tickets[i] = cache.submit(keys)
+            continue
+        a = tickets[i]
+        if a is None:
+            continue
+        cache.settle(a)
+        pool = min(r["isl_intended"], int((a.hits or 0) * bs_tokens))
+        out[r["request_id"]] = (pool, min(pool, int(a.tier_hits * bs_tokens)))
+        cache.finish(a)
+    return out

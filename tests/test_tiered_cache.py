@@ -108,3 +108,54 @@ def test_agrees_with_the_simulator_pool_and_tier(seed, eager):
         assert [sum(x) for x in got] == [sum(x) for x in want]
     else:
         assert got == want
+
+
+def test_a_request_that_does_not_fit_waits_and_is_looked_up_when_admitted():
+    """vLLM looks a request up when its scheduler admits it (whole prompt free), so what the
+    running requests evict meanwhile is not a hit (Scheduler.schedule, vLLM 0.24 and 0.32)."""
+    c = TieredCache(4, 2, eager=False)
+    first = c.submit(list("ab"))
+    c.finish(first)  # a b cached on the GPU
+    big = c.submit(list("wxyz"))  # admitted (room), evicts b then a into the tier (a newest)
+    late = c.submit(list("abq"))  # does not fit beside big: waits, holds nothing
+    assert late.hits is None and list(c.waiting) == [late]
+    filler = c.submit(list("mn"))  # behind it in the queue, FCFS
+    assert filler.hits is None
+    c.finish(big)  # frees room: late is admitted now, its lookup sees the tier
+    assert late.hits == 2 and late.tier_hits == 2
+    assert filler.hits is None  # m n do not fit beside late (3 held + 2 > 4)
+    c.finish(late)
+    assert filler.hits == 0
+    c.finish(filler)
+    assert not c.waiting and c.gpu.held == 0
+
+
+def test_send_time_lookup_is_the_old_model():
+    """queue=False looks up at submit whatever the pool holds (the model before 2026-12-02)."""
+    c = TieredCache(4, 10, eager=False, queue=False)
+    a = c.submit(list("abcd"))
+    b = c.submit(list("abce"))  # admitted beside a although the pool cannot hold both
+    assert (a.hits, b.hits) == (0, 3) and c.gpu.held == 5 and not c.waiting
+    c.finish(a)
+    c.finish(b)
+    assert c.gpu.held == 0
+
+
+def test_settle_admits_an_answered_request_and_finish_drops_an_unsent_one():
+    c = TieredCache(2, 10, eager=False)
+    running = c.submit(list("ab"))
+    answered = c.submit(list("cd"))
+    unsent = c.submit(list("ef"))
+    assert answered.hits is None and unsent.hits is None
+    c.settle(answered)  # the server answered it, so it ran: admitted now, out of turn
+    assert answered.hits == 0 and list(c.waiting) == [unsent]
+    c.finish(unsent)  # cancelled before the server took it: leaves the queue, no lookup
+    assert unsent.hits is None and not c.waiting
+    c.finish(running)
+    c.finish(answered)
+    assert c.gpu.held == 0
+
+
+def test_unknown_pool_tracks_nothing():
+    c = TieredCache(None, 10)
+    assert c.submit(list("abc")) is None and c.acquire(list("abc")) is None

@@ -7,10 +7,23 @@ could be loaded back instead of recomputed. It is an LRU of fixed capacity (in b
 - eager store (Mooncake store, SimpleCPUOffload default): every newly computed full block is
   copied right away, so the tier mirrors recent GPU content too.
 The same order, over content keys, is the client's agentx.prefix_cache.TieredCache (what
-validation expects; tests/test_sim_offload.py checks this tier against it). Both follow
-SimpleCPUOffload's manager, vllm/v1/simple_kv_offload/manager.py (vLLM 0.32):
+validation expects; tests/test_sim_offload.py checks this tier against it, the lazy path one
+eviction at a time as `PrefixCache.store_each`). Both follow SimpleCPUOffload's manager,
+vllm/v1/simple_kv_offload/manager.py (vLLM 0.32; 0.24.0's lazy walk, lookup, pins and
+completions are the same code before a refactor):
+- lazy: each scheduler step `_prepare_lazy_store_specs` walks the GPU free queue from its head
+  (or a cursor) over up to `_target_free` = 2 x ceil(max_num_batched_tokens / block_size) blocks
+  (1,024 at 8,192 tokens and 16-token blocks) and copies those not in the tier yet; the copy is
+  asynchronous, the GPU block is held meanwhile (still a GPU hit, not evictable), and the CPU
+  block becomes a hit only when the store completes (`_process_store_completion`), which also
+  puts the GPU block back at the free queue's end. Modelled as a store on eviction; a block the
+  allocator takes before the walk reaches it (a pool kept full by waiting requests) is never
+  stored by vLLM, but is by both models (docs/server-metrics.md: what that costs);
+- the tier is a vLLM BlockPool of the GPU's block size (`_derive_cpu_config`), evicting least
+  recently freed first;
 - a block already in the tier is not stored again and keeps its place
-  (`_classify_store_candidate` -> `_StoreAdmission.ALREADY_CACHED`);
+  (`_classify_store_candidate` -> `_StoreAdmission.ALREADY_CACHED`; 0.24.0: the walk's
+  `cached_block_hash_to_block.get_one_block(bhash) is None` test);
 - a request's tier hits are pinned from its lookup until its load completes
   (`get_num_new_matched_tokens` touches them, `update_state_after_alloc` holds them for the
   copy, `_cleanup_load_request` frees them): no store, the request's own included, evicts them.

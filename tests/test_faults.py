@@ -231,6 +231,35 @@ def _wait_for_records(out: Path, p: subprocess.Popen, n: int, limit: float = 90)
     raise AssertionError(f"no {n} records in {limit} s (exit {p.poll()})")
 
 
+def test_credentials_in_the_url_never_reach_the_results(tmp_path, trace):
+    """`--base-url http://alice:Pw0rd@host` (and a bare token as user): no result file holds
+    the secret; the scraper recorded its URL unredacted in summary.json before."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "agentx.sim", "--port", str(port),
+                               "--profile", "cpu-tiny", "--time-scale", "20"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}")
+        for i, cred in enumerate(("alice:Pw0rd", "tok3nSECRET")):
+            out = tmp_path / f"out{i}"
+            p = subprocess.run([sys.executable, str(REPO / "bench.py"), "--trace", str(trace),
+                                "--conc", "2", "--duration", "0", "--max-requests", "4",
+                                "--base-url", f"http://{cred}@127.0.0.1:{port}",
+                                "--output-dir", str(out), "--no-progress",
+                                "--scrape-interval", "0.5", "--validate", "warn"],
+                               cwd=REPO, capture_output=True, text=True, timeout=120)
+            assert p.returncode == 0, p.stderr[-2000:]
+            secret = cred.split(":")[-1]
+            for f in out.iterdir():
+                assert secret not in f.read_text(errors="replace"), f
+            assert secret not in p.stdout + p.stderr
+            summary = json.loads((out / "summary.json").read_text())
+            assert "<redacted>@" in summary["server_metrics"]["scrape"]["url"]
+    finally:
+        server.kill()
+        server.wait(10)
+
+
 def test_dead_server_aborts_within_seconds(tmp_path, trace):
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "agentx.sim", "--port", str(port),

@@ -26,6 +26,7 @@ from agentx.aio import cancel_and_wait
 from agentx.metrics import server_metrics as sm
 from agentx.metrics.prom import SampleKey, Snapshot, parse_metrics
 from agentx.records import write_line
+from agentx.urls import redact_url, scrub
 
 # Short keys for the time series kept in results → (sample name, how engines combine).
 SERIES_KEYS: dict[str, tuple[str, str]] = {
@@ -139,8 +140,8 @@ class MetricsScraper:
         self.n_errors += 1
         if len(self.errors) < MAX_ERRORS_KEPT:
             msg = str(exc) or type(exc).__name__
-            self.errors.append({"t": t, "url": self.url,
-                                "error": f"{type(exc).__name__}: {msg}"})
+            self.errors.append({"t": t, "url": redact_url(self.url),
+                                "error": scrub(f"{type(exc).__name__}: {msg}", self.url)})
 
     async def start(self) -> None:
         """Take the baseline scrape and begin periodic scraping."""
@@ -169,7 +170,8 @@ class MetricsScraper:
     def compute(self, model_name: str | None = None) -> dict:
         """``server_metrics`` for the scraped window (see server_metrics.compute)."""
         out = sm.compute(self.first, self.last, self.series, model_name=model_name)
-        out["scrape"] = {"url": self.url, "interval_s": self.interval_s,
+        # the URL's user:password@ never reaches summary.json (a token in the URL is a key)
+        out["scrape"] = {"url": redact_url(self.url), "interval_s": self.interval_s,
                          "attempts": self.n_scrapes, "errors": self.n_errors}
         return out
 

@@ -407,14 +407,14 @@ class Engine:
     async def _expect_pool(self, conv: Conversation, step: Turn) -> Admission | None:
         """The prompt's blocks join the pool model's queue at send, as the request joins the
         server's; the model looks it up when it admits it (TieredCache). None when the
-        server's pool is unknown."""
+        server's pool is unknown: the record keeps the infinite-cache figure."""
         keys = conv.block_keys(step.hash_ids)
         return await self._cache_op(self.cache_model.submit_steps(keys))
 
     async def _note_expected(self, rec: RequestRecord, conv: Conversation,
                              ticket: Admission) -> None:
         """The response is in, so the server admitted the request: record the pool-aware
-        expected hit (the infinite-cache figure stays when the pool is unknown)."""
+        expected hit, as the model saw it at the admission."""
         await self._cache_op(self.cache_model.settle_steps(ticket))
         bs_tokens = conv.trace.block_size * self.synth.context_scale
         rec.cached_expected_pool = min(rec.isl_intended, int((ticket.hits or 0) * bs_tokens))

@@ -9,6 +9,12 @@ Sources, first found wins:
     num_cpu_blocks (the simulator does; vLLM 0.32 leaves it "None", vllm/config/cache.py).
 Tokens = blocks x the GPU block size (`cache_config_info{block_size}`): the CPU pool is
 derived from the GPU's KV cache config, same block size (`_derive_cpu_config`).
+vLLM 0.24.0 exposes neither (vllm/v1/simple_kv_offload/ has no metrics.py yet, and nothing sets
+`CacheConfig.num_cpu_blocks`): give its tier with `--offload-tokens`, the connector's
+`cpu_bytes_to_use` over one token's KV bytes (its log says "Allocating N CPU blocks").
+
+`replay_theory` recomputes a finished run's pool-aware theory from its records (the tier
+replay test and bench/tier_replay.py).
 """
 from __future__ import annotations
 

@@ -355,7 +355,10 @@ class TieredCache:
         blocks join the request's GPU blocks and are touched in the tier;
       * lazy store (SimpleCPUOffload `lazy_offload: true`): a GPU block is copied to the tier
         as it nears eviction (`_prepare_lazy_store_specs` walks the GPU free queue from its
-        head), modelled as a store on GPU eviction — the tier holds what fell out of the GPU;
+        head, up to 2 x max_num_batched_tokens / block_size blocks per scheduler step, after
+        the step's allocations), modelled as a store on GPU eviction — the tier holds what fell
+        out of the GPU. Not modelled: what the allocator takes before the walk reaches it is
+        never stored (sim/offload.py; its cost: docs/server-metrics.md);
       * eager store (SimpleCPUOffload's default, Mooncake): every newly computed block of a
         request is copied, so the tier also mirrors what the GPU holds.
 

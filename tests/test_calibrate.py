@@ -108,7 +108,7 @@ def test_url_and_prompts_file_recover_a_synthetic_al(tmp_path):
 def _run(tmp_path: Path, name: str, golden: Path, thinking: str) -> tuple[int, dict]:
     out = tmp_path / name
     code = main(["run", "--sim-profile", "cpu-tiny", "--sim-time-scale", "20", "--conc", "1",
-                 "--max-requests", "6", "--context-scale", "0.01", "--think-scale", "0",
+                 "--max-requests", "40", "--context-scale", "0.01", "--think-scale", "0",
                  "--extra-body", '{"max_tokens": 96}', "--thinking", thinking,
                  "--golden-al", f"{golden}:d/eagle3:on:3", "--validate", "strict",
                  "--loop-lag-threshold", "10000",  # a loaded machine's client lag is not the point

@@ -204,7 +204,8 @@ def test_workers_split_lanes_and_merge_records(tmp_path):
 @pytest.mark.parametrize("thinking", ["on", "off"])
 def test_thinking_mode_reaches_the_server(tmp_path, thinking):
     trace = write_trace(tmp_path / "tr", think=0.0, out=30)
-    s = run(_cfg(tmp_path, trace, conc=2, duration_s=None, max_requests=8, thinking=thinking))
+    s = run(_cfg(tmp_path, trace, conc=2, duration_s=None, max_requests=8, thinking=thinking,
+                 min_samples=1))  # 8 requests: the thinking check, not the sample count
     recs = read_records(tmp_path / "out" / "requests.jsonl")
     reasoning = sum(r["reasoning_tokens"] for r in recs)
     assert (reasoning > 0) is (thinking == "on")

@@ -33,6 +33,8 @@ def _other_value(name: str, info: Any) -> tuple[str | None, Any]:
 
         text = f"{recipes_dir()}/golden/minimaxm3_eagle3.yaml:Inferact/MiniMax-M3-EAGLE3:on:3"
         return text, GoldenPin.model_validate(text)
+    if name == "labels":  # KEY=VALUE (repeatable flag: agentx/config.py _labels)
+        return "team=perf", {"team": "perf"}
     if name == "slo":  # its own NAME:MS,... string form (agentx/metrics/goodput.py)
         return "ttft:500,e2el:2000", {"ttft": 500.0, "e2el": 2000.0}
     if get_origin(tp) is Literal:

@@ -112,7 +112,7 @@ def test_duration_counts_from_the_end_of_the_auto_warmup(tmp_path):
     assert th["delivered_window_s"] == pytest.approx(duration, abs=0.3)
     assert th["delivered_requests"] >= s["completed"] - 8 and th["delivered_total_tok_s"] > 0
     out = _console(s)
-    assert "steady state: yes" in out and "server (/metrics, whole run" in out
+    assert "steady state: yes" in out and "server's /metrics over the whole run" in out
 
 
 def test_run_too_short_for_the_start_up_says_so(tmp_path):
@@ -141,7 +141,7 @@ def test_fixed_warmup_before_start_up_ended_is_not_steady(tmp_path):
 
 def test_defaults_for_many_lanes_and_bad_values():
     small, big, huge = RunConfig(conc=8), RunConfig(conc=64), RunConfig(conc=1024)
-    assert not small.warmup_auto() and small.ramp_up() == 0
+    assert small.warmup_auto() and small.ramp_up() == 0  # auto warm-up at every concurrency
     assert big.warmup_auto() and big.ramp_up() == 8.0  # 8 new lanes a second
     assert huge.ramp_up() == 30.0  # capped
     assert RunConfig(conc=64, warmup_s=5).warmup_auto() is False

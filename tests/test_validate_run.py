@@ -37,7 +37,7 @@ def _bench(tmp_path: Path, url: str, expect_al: float, name: str) -> tuple[int, 
     trace = write_trace(tmp_path / "tr", think=0.0, out=200)
     out = tmp_path / name
     cmd = [sys.executable, str(REPO / "bench.py"), "--trace", str(trace), "--conc", "2",
-           "--duration", "0", "--max-requests", "24", "--output-dir", str(out),
+           "--duration", "0", "--max-requests", "48", "--output-dir", str(out),
            "--no-progress", "--base-url", url, "--scrape-interval", "1",
            "--validate", "strict", "--expect-al", str(expect_al), "--al-tolerance", "0.1",
            # this test is about the AL check; a shared CI core must not add `client-bound`

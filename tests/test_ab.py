@@ -208,6 +208,10 @@ def test_offload_on_beats_off_and_both_sides_validate(tmp_path, trace):
     assert b["cache"]["offload_source"] == "vllm:simple_kv_offload_info"
     (check,) = [c for c in b["validation"]["checks"] if c["name"] == "prefix_hit_rate"]
     assert check["ok"] and check["tiers"]["offload"]["expected"] > 0.5
+    # the tier's size is known (the server's info gauge): offload_hits runs without
+    # --expect-offload, and the hits came back from the tier
+    (offload,) = [c for c in b["validation"]["checks"] if c["name"] == "offload_hits"]
+    assert offload["ok"] is True, offload
     a = json.loads((Path(doc["a"]["runs"][0]) / "summary.json").read_text())
     assert a["cache"]["working_set_exceeds_pool"] and not a["cache"]["offload_tokens"]
     # ab.json schema, the run directories and the plot

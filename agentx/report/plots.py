@@ -47,7 +47,7 @@ def latency_cdfs(records: list[dict], path: Path, title: str) -> Path:
         if v.size == 0:
             ax.text(0.5, 0.5, "no values", ha="center", transform=ax.transAxes)
             continue
-        ax.plot(v, np.arange(1, v.size + 1) / v.size, lw=1.5)
+        ax.plot(v, np.arange(1, v.size + 1) / v.size, lw=1.5, label=f"n {v.size:,}")
         for p, style in ((50, "--"), (99, ":")):
             q = float(np.percentile(v, p))
             ax.axvline(q, ls=style, color="grey", lw=1, label=f"p{p} {q:,.1f}")

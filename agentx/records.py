@@ -18,7 +18,18 @@ from typing import IO
 import orjson
 
 from .client.facts import StreamFacts
+from .client.sse import is_count
 from .metrics import definitions as d
+
+# How far a server's usage may be from the request before it is impossible (class bad_usage,
+# docs/reliability.md). Completion tokens: vLLM stops at max_tokens exactly (its scheduler
+# appends a speculative step's accepted tokens one by one and stops at the limit), so any
+# excess is a lie; 16 tolerates a server that does not trim the last speculative step (K
+# drafts + 1 bonus token, K <= 15). Prompt tokens: the intended count is the client's token
+# model (exact with --tokenizer, else calibrated or assumed), and the chat template adds a
+# few hundred; more than twice it plus 1000 is another prompt.
+OSL_ALLOWANCE = 16
+ISL_FACTOR, ISL_SLACK = 2, 1000
 
 
 @dataclass(slots=True)
@@ -83,11 +94,51 @@ def assemble(rec: RequestRecord, f: StreamFacts) -> None:
     rec.ok = f.error is None and f.status == 200
     rec.osl_counted = sum(f.chunk_tokens)
     rec.osl = d.output_tokens(f.osl, f.chunk_tokens)
+    bad = usage_problem(rec.isl, rec.osl, rec.cached_tokens, rec.osl_counted,
+                        rec.isl_intended, rec.osl_intended)
+    if bad:  # the server's numbers are not kept as facts (a lane would grow its history by them)
+        rec.isl = rec.osl = rec.cached_tokens = None
+        if rec.ok:
+            rec.ok, rec.error, rec.error_detail = False, "bad_usage", bad
     rec.ttft_ms = d.ttft_ms(f.start_ns, f.first_chunk_ns)
     rec.ttfc_ms = d.ttfc_ms(f.start_ns, f.first_content_ns)
     rec.e2e_ms = d.e2e_ms(f.start_ns, f.end_ns, f.last_chunk_ns, rec.ok)
     rec.tpot_ms = d.tpot_ms(rec.e2e_ms, rec.ttft_ms, rec.osl) if rec.ok else None
     rec.dispatch_lag_ms = d.dispatch_lag_ms(rec.intended_send_ns, f.start_ns)
+
+
+def usage_problem(isl: object, osl: object, cached: object, counted: object,
+                  isl_intended: int, osl_intended: int) -> str | None:
+    """Why a request's token counts are impossible, or None: each must be a token count
+    (sse.is_count); completion tokens (the server's or those counted from the chunks) at
+    most the request's max_tokens + OSL_ALLOWANCE, prompt tokens at most ISL_FACTOR x the
+    intended + ISL_SLACK (checked when the intended counts are known), cached tokens at most
+    the prompt."""
+    for name, v in (("prompt_tokens", isl), ("completion_tokens", osl),
+                    ("cached_tokens", cached), ("counted tokens", counted)):
+        if v is not None and not is_count(v):
+            return f"usage: {name} {repr(v)[:40]} is not a token count"
+    if osl_intended:
+        top = osl_intended + OSL_ALLOWANCE
+        for name, v in (("completion_tokens", osl), ("counted tokens", counted)):
+            if v is not None and v > top:
+                return (f"usage: {name} {v} > max_tokens {osl_intended} + {OSL_ALLOWANCE} "
+                        "(the server generated more than it was asked, or lies)")
+    if isl is not None and isl_intended and isl > ISL_FACTOR * isl_intended + ISL_SLACK:
+        return (f"usage: prompt_tokens {isl} > {ISL_FACTOR} x the intended {isl_intended} + "
+                f"{ISL_SLACK} (not the prompt that was sent)")
+    if cached is not None and isl is not None and cached > isl:
+        return f"usage: cached_tokens {cached} > prompt_tokens {isl}"
+    return None
+
+
+def record_problem(r: dict) -> str | None:
+    """usage_problem of a record read from a file (written by any version, or by hand), for
+    the summaries: an `ok` record with impossible numbers counts as a `bad_usage` failure."""
+    isl_i, osl_i = r.get("isl_intended"), r.get("osl_intended")
+    return usage_problem(r.get("isl"), r.get("osl"), r.get("cached_tokens"),
+                         r.get("osl_counted"), isl_i if is_count(isl_i) else 0,
+                         osl_i if is_count(osl_i) else 0)
 
 
 class RecordWriter:

@@ -70,6 +70,22 @@ async def test_vllm_stream_parsed_exactly(samples_dir, name, cut):
     assert rec.tpot_ms == pytest.approx((rec.e2e_ms - rec.ttft_ms) / (rec.osl - 1))
 
 
+@pytest.mark.parametrize("eol", [b"\r\n", b"\r"], ids=["CRLF", "CR"])
+@pytest.mark.parametrize("cut", [1, 7, 97])
+async def test_vllm_stream_with_crlf_or_cr_line_ends(samples_dir, eol, cut):
+    """The same vLLM bytes with every LF turned into CRLF or a lone CR (SSE allows all three):
+    the same record, whatever read a CRLF is split across."""
+    raw = (samples_dir / "chat_stream_1.sse").read_bytes()
+    want = await _run(raw, cut=97)
+    rec = await _run(raw.replace(b"\n", eol), cut=cut, gap_s=0 if cut < 10 else 0.001)
+    assert rec.ok, rec.error_detail
+    assert (rec.osl, rec.isl, rec.cached_tokens, rec.finish_reason) == \
+        (want.osl, want.isl, want.cached_tokens, want.finish_reason)
+    assert sum(rec.chunk_tokens) == sum(want.chunk_tokens)
+    if cut >= 97:
+        assert rec.chunk_tokens == want.chunk_tokens
+
+
 async def test_error_body_becomes_error_class(samples_dir):
     raw = (samples_dir / "error_bad_request.json").read_bytes()
     rec = await _run(raw, status=400)

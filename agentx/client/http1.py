@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from .sse import StreamDecoder
+from .sse import StreamAbort, StreamDecoder
 
-MAX_HEAD = 64 * 1024
+MAX_HEAD = 64 * 1024  # one response head
+MAX_HEADS = 1 << 20  # all the heads of one response, interim (1xx) ones included
+MAX_ERROR_BODY = 64 * 1024  # a non-200 (or non-SSE) body kept; beyond it the connection is closed
 
 
 class HTTPError(Exception):
@@ -45,10 +47,13 @@ _HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILER, _LENGTH, _UNTIL_EOF, _DO
 
 class Response:
     """Incremental parse of one HTTP/1.1 response; body bytes go to the decoder (status
-    200) or are kept as the error body. Finishes `done` when the body is complete."""
+    200, an event stream) or are kept as the error body (its first MAX_ERROR_BODY bytes: the
+    response ends there and the connection is closed). Finishes `done` when the body is
+    complete. A 200 whose Content-Type is not text/event-stream is `not_streamed` (JSON: the
+    server ignored `"stream": true`) or `malformed` (an HTML page) without being decoded."""
 
     __slots__ = ("decoder", "done", "state", "buf", "status", "remaining", "keep_alive",
-                 "err_body", "got_bytes", "last_rx", "body")
+                 "err_body", "err_len", "sse", "head_len", "got_bytes", "last_rx", "body")
 
     def __init__(self, decoder: StreamDecoder, done: asyncio.Future, body: RequestBody) -> None:
         self.body = body
@@ -60,6 +65,9 @@ class Response:
         self.remaining = 0
         self.keep_alive = False
         self.err_body: list[bytes] = []
+        self.err_len = 0  # error body bytes received
+        self.sse = False  # the body goes to the decoder
+        self.head_len = 0  # bytes of the heads parsed so far
         self.got_bytes = False
         self.last_rx = 0
 
@@ -68,40 +76,60 @@ class Response:
             self.got_bytes = True
             self.body.parts = None  # no resend from here on: let the body go
         self.last_rx = t
-        if self.state == _HEAD:
-            buf = self.buf + data if self.buf else data
-            end = buf.find(b"\r\n\r\n")
+        try:
+            if self.state == _HEAD:
+                data = self._heads(data)
+                if not data:
+                    return
+            if self.state == _LENGTH:
+                self._sink(data[:self.remaining], t)
+                self.remaining -= min(len(data), self.remaining)
+                if self.remaining == 0:
+                    self.state = _DONE
+                    self._finish()
+            elif self.state == _UNTIL_EOF:
+                self._sink(data, t)
+            elif self.state != _DONE:
+                self._chunked(data, t)
+        except StreamAbort as exc:  # the decoder cannot go on (an oversized event)
+            self._fail(HTTPError(exc.kind, str(exc)))
+        except Exception as exc:  # noqa: BLE001 - whatever a server sends must not kill the loop
+            self._fail(HTTPError("malformed", f"undecodable response: {type(exc).__name__}: "
+                                 f"{exc}"[:300]))
+
+    def _heads(self, data: bytes) -> bytes:
+        """Parse heads until the final (non-1xx) one; returns the body bytes after it (b""
+        when there are none yet, the head is incomplete or the response failed or ended). Any
+        number of interim responses is read, in a loop, up to MAX_HEADS bytes in all."""
+        buf = self.buf + data if self.buf else data
+        pos = 0
+        while True:
+            end = buf.find(b"\r\n\r\n", pos)
             if end < 0:
-                if len(buf) > MAX_HEAD:
+                rest = buf[pos:] if pos else buf
+                if len(rest) > MAX_HEAD or self.head_len + len(rest) > MAX_HEADS:
                     self._fail(HTTPError("client_error", "response head too large"))
-                self.buf = buf
-                return
-            self.buf = b""
+                    return b""
+                self.buf = rest
+                return b""
+            self.head_len += end + 4 - pos
+            if self.head_len > MAX_HEADS:
+                self._fail(HTTPError("client_error", f"response heads beyond {MAX_HEADS} bytes "
+                                     "(interim 1xx responses without end)"))
+                return b""
             try:
-                self._head(buf[:end])
+                self._head(buf[pos:end])
             except (ValueError, IndexError) as exc:
                 self._fail(HTTPError("client_error", f"bad response head: {exc}"))
-                return
-            data = buf[end + 4:]
-            if self.state == _HEAD:  # 1xx: the real head follows
-                if data:
-                    self.feed(data, t)
-                return
-            if self.state == _DONE:
-                self._finish()
-                return
-            if not data:
-                return
-        if self.state == _LENGTH:
-            self._sink(data[:self.remaining], t)
-            self.remaining -= min(len(data), self.remaining)
-            if self.remaining == 0:
-                self.state = _DONE
-                self._finish()
-        elif self.state == _UNTIL_EOF:
-            self._sink(data, t)
-        elif self.state != _DONE:
-            self._chunked(data, t)
+                return b""
+            pos = end + 4
+            if self.state != _HEAD:  # not an interim 1xx head
+                break
+        self.buf = b""
+        if self.state == _DONE:
+            self._finish()
+            return b""
+        return buf[pos:]
 
     def _head(self, head: bytes) -> None:
         lines = head.split(b"\r\n")
@@ -115,6 +143,10 @@ class Response:
         for ln in lines[1:]:
             k, _, v = ln.partition(b":")
             hdr[k.strip().lower()] = v.strip()
+        ctype = hdr.get(b"content-type", b"").lower()
+        self.sse = self.status == 200 and (not ctype or b"event-stream" in ctype)
+        if self.status == 200 and not self.sse:
+            self._not_sse(ctype)
         conn = hdr.get(b"connection", b"").lower()
         self.keep_alive = parts[0] == b"HTTP/1.1" and conn != b"close" or conn == b"keep-alive"
         if b"chunked" in hdr.get(b"transfer-encoding", b"").lower():
@@ -130,7 +162,7 @@ class Response:
         buf = self.buf + data if self.buf else data
         n = len(buf)
         pos = 0
-        ok = self.status == 200
+        ok = self.sse
         feed = self.decoder.feed
         while pos < n:
             st = self.state
@@ -151,8 +183,8 @@ class Response:
                 if end + 2 <= n:  # the whole chunk is here (the common case): one step
                     if ok:
                         feed(buf[pos:end], t)
-                    else:
-                        self.err_body.append(buf[pos:end])
+                    elif self._keep_error(buf[pos:end]):
+                        return
                     pos = end + 2
                     continue
                 self.remaining = size
@@ -162,8 +194,8 @@ class Response:
                 piece = buf if take == n else buf[pos:pos + take]
                 if ok:
                     feed(piece, t)
-                else:
-                    self.err_body.append(piece)
+                elif self._keep_error(piece):
+                    return
                 pos += take
                 self.remaining -= take
                 if self.remaining == 0:
@@ -190,17 +222,49 @@ class Response:
         self.buf = buf[pos:] if pos < n else b""
 
     def _sink(self, data: bytes, t: int) -> None:
-        if self.status == 200:
+        if self.sse:
             self.decoder.feed(data, t)
         else:
-            self.err_body.append(data)
+            self._keep_error(data)
+
+    def _keep_error(self, data: bytes) -> bool:
+        """Keep the start of an error (or non-SSE) body; past MAX_ERROR_BODY the response
+        ends here and its connection is closed (returns True): nobody reads the rest."""
+        room = MAX_ERROR_BODY - self.err_len
+        if room > 0:
+            self.err_body.append(data if len(data) <= room else data[:room])
+        self.err_len += len(data)
+        if self.err_len <= MAX_ERROR_BODY:
+            return False
+        self.keep_alive = False
+        self.state = _DONE
+        self._finish()
+        return True
+
+    def _not_sse(self, ctype: bytes) -> None:
+        """A 200 that is not an event stream: nothing in it is decoded."""
+        f = self.decoder.facts
+        shown = ctype.decode("latin-1")[:80]
+        if b"json" in ctype:
+            f.error = "not_streamed"
+            f.error_detail = (f"server did not stream (HTTP 200, Content-Type {shown}): check "
+                              "--extra-body (\"stream\" must stay true)")
+        else:
+            f.error = "malformed"
+            f.error_detail = f"HTTP 200 with Content-Type {shown}, not text/event-stream"
 
     def _finish(self) -> None:
-        if not self.done.done():
-            self.done.set_result(None)
+        if self.done.done():
+            return
+        if not self.sse and self.status == 200 and self.err_body:  # what the 200 said instead
+            f = self.decoder.facts
+            f.error_detail = f"{f.error_detail}: " + b"".join(self.err_body)[:200].decode(
+                "utf-8", "replace")
+        self.done.set_result(None)
 
     def _fail(self, exc: BaseException) -> None:
         self.keep_alive = False
+        self.state = _DONE  # whatever else arrives is not read
         if not self.done.done():
             self.done.set_exception(exc)
 

@@ -2,12 +2,16 @@
 
 Only measured requests count: ok, not warm-up, not cancelled. The latency distributions are
 those declared in `definitions.METRICS`, each summarised by `dist.dist` (linear-interpolation
-percentiles, population std).
+percentiles, population std). Records are read back from files that any version (or a hand)
+wrote: an `ok` record whose token counts are impossible (`records.record_problem`: a negative,
+fractional or absurd count) is not measured but counted as a `bad_usage` failure, so a lying
+server's numbers can neither crash a summary nor enter it.
 """
 from __future__ import annotations
 
 from typing import Iterable
 
+from ..records import record_problem
 from .definitions import METRICS
 from .dist import dist
 
@@ -15,14 +19,18 @@ __all__ = ["dist", "measured", "summarize"]
 
 
 def measured(records: Iterable[dict]) -> list[dict]:
-    return [r for r in records if r["ok"] and not r["warmup"]]
+    return [r for r in records if r["ok"] and not r["warmup"] and not record_problem(r)]
 
 
 def summarize(records: list[dict], *, window_s: float, gpus: int | None = None,
               block_size: int | None = None, kv_pool_tokens: int | None = None) -> dict:
     """The summary numbers other tools read (keys are a contract: see docs/metrics.md)."""
-    meas = measured(records)
+    meas, impossible = [], []
+    for r in records:
+        if r["ok"] and not r["warmup"]:
+            (impossible if record_problem(r) else meas).append(r)
     failed = [r for r in records if not r["ok"] and r["error"] != "cancelled" and not r["warmup"]]
+    failed += [{**r, "error": "bad_usage"} for r in impossible]
     cancelled = [r for r in records if r["error"] == "cancelled" and not r["warmup"]]
     isl = sum((r["isl"] if r["isl"] is not None else r["isl_intended"]) for r in meas)
     osl = sum((r["osl"] or 0) for r in meas)

@@ -123,6 +123,14 @@ class RunConfig(StrictModel):
     api_key: SecretStr | None = opt(None, "default: $OPENAI_API_KEY (never recorded)",
                                     group=TARGET)
     timeout_s: float = opt(600.0, "per-read timeout (s)", flag="timeout", group=TARGET, gt=0.0)
+    request_timeout_s: float = opt(
+        3600.0, "seconds one request may take in all, connect to last byte, however steadily "
+        "the server streams (--timeout bounds only the silence between reads): a server "
+        "trickling tokens would otherwise hold a lane, and a --max-requests run, for ever. The "
+        "default hour is past any legitimate agentic request: 32k output tokens at 100 ms each "
+        "on an overloaded server take 53 min. A request over it fails as `timeout`; a run ends "
+        "within the bound in docs/reliability.md", flag="request_timeout", group=TARGET,
+        gt=0.0)
     connect_timeout_s: float = opt(10.0, "seconds to connect, and the bound on each start-up "
                                    "probe (/v1/models, /tokenize, the first /metrics scrape): "
                                    "a server that accepts but never answers fails start-up "

@@ -74,6 +74,7 @@ class RequestRecord:
     error: str | None = None  # error class: http_429, http_5xx, connect, reset, timeout, ...
     error_detail: str | None = None
     finish_reason: str | None = None
+    retry_after_s: float | None = None  # a 429/503's Retry-After, as the lane honoured it (s)
 
     def to_json(self) -> bytes:
         # orjson serialises dataclasses natively: same bytes as asdict(), ~30x cheaper
@@ -90,7 +91,7 @@ def assemble(rec: RequestRecord, f: StreamFacts) -> None:
     rec.isl, rec.cached_tokens, rec.reasoning_tokens = f.isl, f.cached_tokens, f.reasoning_tokens
     rec.server_ttft_ms, rec.server_queue_ms = f.server_ttft_ms, f.server_queue_ms
     rec.spec_accepted, rec.spec_steps = f.spec_accepted, f.spec_steps
-    rec.finish_reason = f.finish_reason
+    rec.finish_reason, rec.retry_after_s = f.finish_reason, f.retry_after_s
     rec.ok = f.error is None and f.status == 200
     rec.osl_counted = sum(f.chunk_tokens)
     rec.osl = d.output_tokens(f.osl, f.chunk_tokens)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from . import __version__, aio
+from .client.config import basic_auth, without_credentials
 from .client.http import ClientConfig, first_model, make_session, probe_error, server_version
 from .config import RunConfig, default_output_dir
 from .engine.drive import DriveResult, DriveSpec, drive, split_lanes
@@ -69,8 +70,16 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False,
     check_output_dir(out, cfg.overwrite)
     run_salt = secrets.token_hex(8)
     run_ns = f"seed{cfg.seed}" if cfg.warm_cache else run_salt
+    # one Authorization on every request: --api-key (Bearer), else the URL's user:password
+    # (Basic), else $OPENAI_API_KEY; docs/reliability.md#credentials
+    key = cfg.secret_key() if cfg.api_key is not None or not basic_auth(base_url) else None
+    if cfg.api_key is not None and basic_auth(base_url):
+        print("agentx: warning: --api-key is sent (Bearer) on every request; the user:password "
+              "in --base-url is not (a request carries one Authorization header)", file=sys.stderr)
+        base_url = without_credentials(base_url)
     ccfg = ClientConfig(base_url=base_url, model=cfg.model or "", timeout_s=cfg.timeout_s,
-                        api_key=cfg.secret_key(), connect_timeout_s=cfg.connect_timeout_s,
+                        request_timeout_s=cfg.request_timeout_s,
+                        api_key=key, connect_timeout_s=cfg.connect_timeout_s,
                         thinking=cfg.thinking, extra_body=cfg.extra_body,
                         cache_salt=None if (cfg.warm_cache or not cfg.cache_salt) else run_salt)
     async with make_session(ccfg, 1) as session:
@@ -331,8 +340,10 @@ def _validate(cfg: RunConfig, s: dict) -> dict:
                                    (s.get("ttft_ms") or {}).get("p50"), cfg.loop_lag_threshold_ms)
     interrupted = None
     if s["stop_reason"] == "signal":
+        warm = s.get("warmup_cancelled") or 0  # every cancelled record, warm-up ones too
         interrupted = (f"stopped by a signal (SIGINT/SIGTERM); {s['completed']} requests "
-                       f"completed, {s['cancelled']} cancelled in flight")
+                       f"completed, {s['cancelled'] + warm} cancelled in flight"
+                       + (f" ({warm} of them warm-up)" if warm else ""))
     golden = cfg.golden_al
     exp = Expectations(synthetic_al=cfg.expect_al if cfg.expect_al is not None
                        else golden.al if golden else None,

@@ -33,3 +33,4 @@ class StreamFacts:
     error: str | None = None  # error class (see RequestRecord.error)
     error_detail: str | None = None
     error_body: bytes = b""  # start of a non-200 response's body
+    retry_after_s: float | None = None  # a 429's or 503's Retry-After, in seconds

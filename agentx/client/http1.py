@@ -53,7 +53,8 @@ class Response:
     server ignored `"stream": true`) or `malformed` (an HTML page) without being decoded."""
 
     __slots__ = ("decoder", "done", "state", "buf", "status", "remaining", "keep_alive",
-                 "err_body", "err_len", "sse", "head_len", "got_bytes", "last_rx", "body")
+                 "err_body", "err_len", "sse", "head_len", "got_bytes", "last_rx", "body",
+                 "retry_after")
 
     def __init__(self, decoder: StreamDecoder, done: asyncio.Future, body: RequestBody) -> None:
         self.body = body
@@ -70,6 +71,7 @@ class Response:
         self.head_len = 0  # bytes of the heads parsed so far
         self.got_bytes = False
         self.last_rx = 0
+        self.retry_after: bytes | None = None  # a 429's or 503's Retry-After header
 
     def feed(self, data: bytes, t: int) -> None:
         if not self.got_bytes:
@@ -143,6 +145,8 @@ class Response:
         for ln in lines[1:]:
             k, _, v = ln.partition(b":")
             hdr[k.strip().lower()] = v.strip()
+        if self.status in (429, 503):
+            self.retry_after = hdr.get(b"retry-after")
         ctype = hdr.get(b"content-type", b"").lower()
         self.sse = self.status == 200 and (not ctype or b"event-stream" in ctype)
         if self.status == 200 and not self.sse:

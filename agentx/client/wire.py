@@ -12,6 +12,7 @@ observes goes into the decoder's StreamFacts (raw facts only). The control plane
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import socket
 import ssl
 import time
@@ -21,6 +22,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from ..urls import redact_url
 from .config import ClientConfig
 from .facts import StreamFacts
 from .http1 import HTTPError, RequestBody, Response, Stale
@@ -30,6 +32,21 @@ __all__ = ["HTTPClient", "HTTPError", "RequestBody"]
 
 perf_ns = time.perf_counter_ns
 WRITE_SLICE = 256 * 1024
+
+
+def retry_after_s(value: bytes) -> float | None:
+    """A `Retry-After` header in seconds from now: delay-seconds or an HTTP-date (RFC 9110
+    10.2.3); None when it is neither. A date in the past is 0."""
+    v = value.strip()
+    if v.isdigit():
+        return float(v)
+    try:
+        when = email.utils.parsedate_to_datetime(v.decode("latin-1"))
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None or when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 class _Conn(asyncio.Protocol):
@@ -82,10 +99,13 @@ class _Conn(asyncio.Protocol):
         if d is not None and not d.done():
             d.set_result(None)
 
-    async def send(self, head: bytes, body: RequestBody, timeout_s: float) -> None:
+    async def send(self, head: bytes, body: RequestBody, timeout_s: float,
+                   deadline_ns: int) -> None:
         """Write head + body. Small bodies go in one synchronous write. Large ones go in
         slices as the socket drains: the transport copies whatever the kernel does not take
-        at once, and 1024 lanes x ~1 MB bodies would otherwise sit twice in memory."""
+        at once, and 1024 lanes x ~1 MB bodies would otherwise sit twice in memory. Each
+        wait for the socket to drain is bounded by `timeout_s` and by the request's
+        deadline."""
         tr = self.transport
         parts = body.parts
         assert tr is not None and parts is not None
@@ -100,10 +120,14 @@ class _Conn(asyncio.Protocol):
             mv = memoryview(part)
             for i in range(0, len(mv), WRITE_SLICE):
                 if self._drain is not None:
+                    left = (deadline_ns - perf_ns()) / 1e9
                     try:
-                        await asyncio.wait_for(asyncio.shield(self._drain), timeout_s)
+                        await asyncio.wait_for(asyncio.shield(self._drain),
+                                               min(timeout_s, left))
                     except asyncio.TimeoutError:
                         raise HTTPError("timeout", f"request body not taken for {timeout_s:g} s"
+                                        " (--timeout)" if left > timeout_s else
+                                        "request body still being sent at the --request-timeout"
                                         ) from None
                 if self.closed:
                     return  # the response side reports what happened
@@ -140,8 +164,10 @@ class HTTPClient:
         self._aio: aiohttp.ClientSession | None = None
         self._sem = asyncio.Semaphore(cfg.max_connections) if cfg.max_connections else None
         self._ssl: ssl.SSLContext | None = None
-        self._fixed = "".join(f"{k}: {v}\r\n" for k, v in cfg.headers().items()
-                              if k.lower() not in ("host", "content-length"))
+        # the API key, else the URL's user:password (as aiohttp sends it for the control plane)
+        self._fixed = "".join(f"{k}: {v}\r\n" for k, v in {**cfg.headers(), **cfg.url_auth()}
+                              .items() if k.lower() not in ("host", "content-length"))
+        self._request_ns = int(cfg.request_timeout_s * 1e9)
         self.connections_opened = 0
 
     @property
@@ -176,7 +202,7 @@ class HTTPClient:
         if t is None:
             u = urlsplit(url)
             if u.scheme not in ("http", "https") or not u.hostname:
-                raise HTTPError("client_error", f"unsupported URL {url!r}")
+                raise HTTPError("client_error", f"unsupported URL {redact_url(url)!r}")
             tls = u.scheme == "https"
             port = u.port or (443 if tls else 80)
             host_hdr = u.hostname if u.port is None else f"{u.hostname}:{u.port}"
@@ -189,9 +215,9 @@ class HTTPClient:
             self._targets[url] = t
         return t
 
-    async def _connect(self, t: _Target) -> _Conn:
+    async def _connect(self, t: _Target, timeout_s: float | None = None) -> _Conn:
         try:
-            conn = await asyncio.wait_for(self._open(t), self.cfg.connect_timeout_s)
+            conn = await asyncio.wait_for(self._open(t), timeout_s or self.cfg.connect_timeout_s)
         except asyncio.TimeoutError:
             raise HTTPError("connect", f"connect to {t.host}:{t.port} timed out") from None
         except OSError as exc:
@@ -229,13 +255,16 @@ class HTTPClient:
         self._idle.setdefault(t.key, []).extend(conns)
         return len(conns)
 
-    async def _acquire(self, t: _Target) -> tuple[_Conn, bool]:
+    async def _acquire(self, t: _Target, deadline_ns: int) -> tuple[_Conn, bool]:
         idle = self._idle.get(t.key)
         while idle:
             c = idle.pop()
             if c.reusable:
                 return c, True
-        return await self._connect(t), False
+        left = (deadline_ns - perf_ns()) / 1e9
+        if left <= 0:
+            raise HTTPError("timeout", "not complete within the --request-timeout")
+        return await self._connect(t, min(self.cfg.connect_timeout_s, left)), False
 
     def _release(self, t: _Target, c: _Conn, reuse: bool) -> None:
         self._busy.discard(c)
@@ -264,9 +293,10 @@ class HTTPClient:
         head = t.head + f"{extra}Content-Length: {body.size}\r\n\r\n".encode("latin-1")
         loop = asyncio.get_running_loop()
         facts = decoder.facts
+        deadline = perf_ns() + self._request_ns  # the whole request, connect and resend too
         for attempt in range(2):
             facts.start_ns = decoder.t0 = perf_ns()  # kept if the connection cannot be made
-            conn, reused = await self._acquire(t)
+            conn, reused = await self._acquire(t, deadline)
             # the start is stamped once a connection is in hand, right before the write: a
             # new connection's handshake and the server's accept queue are not the server's
             # time to first token (stamped before them, the 1024 first requests of a run
@@ -278,8 +308,8 @@ class HTTPClient:
             self._busy.add(conn)
             ok = False
             try:
-                await conn.send(head, body, self.cfg.timeout_s)
-                await self._wait(resp)
+                await conn.send(head, body, self.cfg.timeout_s, deadline)
+                await self._wait(resp, deadline)
                 ok = True
                 return facts
             except Stale as exc:
@@ -291,11 +321,15 @@ class HTTPClient:
                     facts.status = resp.status
                 if resp.err_body:
                     facts.error_body = b"".join(resp.err_body)[:300]
+                if resp.retry_after is not None:  # a 429 or 503 said when to come back
+                    facts.retry_after_s = retry_after_s(resp.retry_after)
                 self._release(t, conn, ok and resp.keep_alive)
         raise AssertionError("unreachable")
 
-    async def _wait(self, resp: Response) -> None:
-        """Await the response; fail with `timeout` after timeout_s without a byte."""
+    async def _wait(self, resp: Response, deadline_ns: int) -> None:
+        """Await the response; fail with `timeout` after timeout_s without a byte, or at the
+        request's deadline however steadily bytes come (one timer either way: nothing per
+        chunk)."""
         limit = self.cfg.timeout_s
         loop = asyncio.get_running_loop()
         start = perf_ns()
@@ -305,14 +339,18 @@ class HTTPClient:
             nonlocal handle
             if resp.done.done():
                 return
-            idle = (perf_ns() - (resp.last_rx or start)) / 1e9
-            if idle >= limit:
+            now = perf_ns()
+            idle = (now - (resp.last_rx or start)) / 1e9
+            left = (deadline_ns - now) / 1e9
+            if idle >= limit or left <= 0:
                 resp.keep_alive = False
-                resp.done.set_exception(HTTPError("timeout", f"no data for {limit:g} s"))
+                resp.done.set_exception(HTTPError("timeout", (
+                    f"no data for {limit:g} s (--timeout)" if idle >= limit else
+                    f"not complete within {self.cfg.request_timeout_s:g} s (--request-timeout)")))
             else:
-                handle = loop.call_later(limit - idle, check)
+                handle = loop.call_later(min(limit - idle, left), check)
 
-        handle = loop.call_later(limit, check)
+        handle = loop.call_later(min(limit, (deadline_ns - start) / 1e9), check)
         try:
             await resp.done
         finally:

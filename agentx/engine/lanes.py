@@ -24,7 +24,9 @@ within --drain-timeout, the rest are cancelled and recorded as `cancelled`. From
 signal, the parent of a worker process, a Ray driver) the one way in is `request_stop()`:
 the same drain, or with force=True the cancellation at once; a failure share above
 --max-error-rate forces it too (engine/abort.py). Every request that started is recorded
-exactly once.
+exactly once. A request ends within --request-timeout (client/wire.py), so a run ends within
+the bound docs/reliability.md gives, whatever the server does. A 429 or 503 with Retry-After
+holds the lane's next request back that long (at most RETRY_AFTER_MAX_S, never past the stop).
 """
 from __future__ import annotations
 
@@ -52,6 +54,10 @@ NEVER = 1 << 62  # an auto warm-up's end until it is known (no request is sent t
 # its last lane finished its first request 218 s into a 60 s run (bench/steady_state.py,
 # 2026-12-01), so the warm-up can outlast the duration several times.
 WARMUP_LIMIT = 5.0
+# A 429's or 503's Retry-After is honoured up to this: the lane sends its next request no
+# earlier (the wait ends at the run's stop too). A server asking for more is, for a benchmark,
+# as good as down; a longer wait would only idle the lane while the run's clock goes on.
+RETRY_AFTER_MAX_S = 60.0
 
 
 @dataclass
@@ -161,6 +167,7 @@ class Engine:
         # the cache model's operations run one at a time, each in steps (prefix_cache.py)
         self._cache_lock = asyncio.Lock()
         self._opened: dict[int, _Opened] = {}  # lanes' first sessions, opened by `prepare`
+        self._not_before: dict[int, int] = {}  # lane -> no request before (a Retry-After)
 
     # -- control ----------------------------------------------------------------------------
     def request_stop(self, force: bool = False, reason: str = "signal") -> None:
@@ -360,6 +367,7 @@ class Engine:
                 if self._budget[lane] <= 0:
                     raise _LaneDone
                 self._budget[lane] -= 1
+            due = max(due, self._not_before.get(lane, 0))  # the wait a Retry-After asked
             await self._pause((due - perf_ns()) / 1e9)
             if self.stopping:
                 return
@@ -476,6 +484,9 @@ class Engine:
             abort = self._errors.note(rec.ok, rec.error)
             if abort:  # the server fails most requests: stop now, cancel the rest
                 self.request_stop(force=True, reason=abort)
+            if rec.retry_after_s is not None:  # the lane's next request waits (_run_session)
+                rec.retry_after_s = min(rec.retry_after_s, RETRY_AFTER_MAX_S)
+                self._not_before[lane] = end_ns + int(rec.retry_after_s * 1e9)
             res = self.on_record(rec)
             if asyncio.iscoroutine(res):
                 await res

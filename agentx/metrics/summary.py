@@ -22,6 +22,13 @@ def measured(records: Iterable[dict]) -> list[dict]:
     return [r for r in records if r["ok"] and not r["warmup"] and not record_problem(r)]
 
 
+def _by_class(failed: list[dict]) -> dict[str, int]:
+    errors: dict[str, int] = {}
+    for r in failed:
+        errors[r["error"] or "unknown"] = errors.get(r["error"] or "unknown", 0) + 1
+    return errors
+
+
 def summarize(records: list[dict], *, window_s: float, gpus: int | None = None,
               block_size: int | None = None, kv_pool_tokens: int | None = None) -> dict:
     """The summary numbers other tools read (keys are a contract: see docs/metrics.md)."""
@@ -32,6 +39,8 @@ def summarize(records: list[dict], *, window_s: float, gpus: int | None = None,
     failed = [r for r in records if not r["ok"] and r["error"] != "cancelled" and not r["warmup"]]
     failed += [{**r, "error": "bad_usage"} for r in impossible]
     cancelled = [r for r in records if r["error"] == "cancelled" and not r["warmup"]]
+    warm = [r for r in records if r["warmup"]]
+    warm_failed = [r for r in warm if not r["ok"] and r["error"] != "cancelled"]
     isl = sum((r["isl"] if r["isl"] is not None else r["isl_intended"]) for r in meas)
     osl = sum((r["osl"] or 0) for r in meas)
     w = max(window_s, 1e-9)
@@ -43,16 +52,20 @@ def summarize(records: list[dict], *, window_s: float, gpus: int | None = None,
     cached = sum(r["cached_tokens"] for r in with_cache)
     cache_isl = sum((r["isl"] or r["isl_intended"]) for r in with_cache)
     theo_in = sum(r["isl_intended"] for r in meas)
-    errors: dict[str, int] = {}
-    for r in failed:
-        errors[r["error"] or "unknown"] = errors.get(r["error"] or "unknown", 0) + 1
     isl_err = [(r["isl"] - r["isl_intended"]) for r in meas if r["isl"] is not None]
     return {
         "completed": len(meas),
         "failed": len(failed),
         "cancelled": len(cancelled),
-        "warmup_requests": sum(1 for r in records if r["warmup"]),
-        "errors": errors,
+        "warmup_requests": len(warm),
+        # warm-up requests are out of the statistics, not out of sight (docs/reliability.md)
+        "warmup_failed": len(warm_failed),
+        "warmup_cancelled": sum(1 for r in warm if r["error"] == "cancelled"),
+        "warmup_errors": _by_class(warm_failed),
+        "errors": _by_class(failed),
+        # what 429/503 answers' Retry-After made the lanes wait, warm-up included (s)
+        "retry_after_s": sum(r.get("retry_after_s") or 0.0 for r in records),
+        "retry_after_responses": sum(1 for r in records if r.get("retry_after_s") is not None),
         **{m.tag: dist(v for r in meas for v in m.values(r)) for m in METRICS},
         "throughput": throughput,
         "tokens": {"input": isl, "output": osl,

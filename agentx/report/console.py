@@ -56,8 +56,7 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     console.print(t)
     cache = summary["cache"]
     lines = [
-        (f"requests: {summary['completed']} completed, {summary['failed']} failed, "
-         f"{summary['cancelled']} cancelled, {summary['warmup_requests']} warm-up (excluded)"),
+        requests_line(summary),
         *throughput_lines(summary),
         cache_line(cache),
     ]
@@ -89,6 +88,23 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
             " — " + "; ".join(v["reasons"]) if v.get("reasons") else ""))
     for ln in lines:
         console.print(ln)
+
+
+def requests_line(summary: dict) -> str:
+    """What became of every request: the measured ones, then the warm-up's failures (by
+    class) and cancellations, excluded from the statistics but not from sight, and the
+    Retry-After waits."""
+    wf, wc = summary.get("warmup_failed") or 0, summary.get("warmup_cancelled") or 0
+    classes = ", ".join(f"{k}={v}" for k, v in (summary.get("warmup_errors") or {}).items())
+    warm = (f"; {wf} failed" + (f": {classes}" if classes else "") if wf else "") + (
+        f"; {wc} cancelled" if wc else "")
+    line = (f"requests: {summary['completed']} completed, {summary['failed']} failed, "
+            f"{summary['cancelled']} cancelled, {summary['warmup_requests']} warm-up "
+            f"(excluded{warm})")
+    if summary.get("retry_after_responses"):
+        line += (f"; {summary['retry_after_responses']} answer(s) with Retry-After: lanes "
+                 f"waited up to {summary['retry_after_s']:.1f} s in all")
+    return line
 
 
 def throughput_lines(summary: dict) -> list[str]:

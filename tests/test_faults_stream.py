@@ -378,3 +378,21 @@ async def test_tokens_after_done_are_not_counted():
     body = stream() + b"".join(chunk(MAX_TOKENS + i) for i in range(1, 50))
     rec = await ask(lambda n: sse(body))
     assert rec.ok and rec.osl_counted == MAX_TOKENS and len(rec.chunk_offsets_ns) == MAX_TOKENS
+
+
+def test_extra_body_max_tokens_is_what_the_answer_is_judged_by(tmp_path):
+    """--extra-body '{"max_tokens": 48}' over a trace asking 4: the body sends 48, the record's
+    osl_intended is 48, and the simulator's 48-token answers are no lie (`agentx calibrate`
+    sets its --max-tokens this way)."""
+    out = tmp_path / "out"
+    p = subprocess.run(
+        [sys.executable, str(REPO / "bench.py"), "--trace",
+         str(write_trace(tmp_path / "tr", think=0.0, out=4)), "--conc", "2", "--duration", "0",
+         "--max-requests", "6", "--no-progress", "--output-dir", str(out),
+         "--extra-body", '{"max_tokens": 48}', "--sim-profile", "cpu-tiny",
+         "--sim-time-scale", "20", "--validate", "warn"],
+        cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    recs = [orjson.loads(ln) for ln in (out / "requests.jsonl").read_bytes().splitlines()]
+    assert len(recs) == 6 and all(r["ok"] and r["osl_intended"] == 48 for r in recs), recs[0]
+    assert all(r["osl"] == 48 for r in recs)

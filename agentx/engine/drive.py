@@ -122,6 +122,7 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
                         warmup_auto=r.warmup_auto(), ramp_up_s=r.ramp_up(),
                         think_scale=r.think_scale, max_think_s=r.max_think_s,
                         drain_timeout_s=r.drain_timeout_s, max_model_len=spec.max_model_len,
+                        max_tokens=body_max_tokens(r.extra_body),
                         max_error_rate=r.max_error_rate, error_window=r.error_window)
     writer = RecordWriter(spec.records_path)
     lag = LoopLagSampler()
@@ -159,6 +160,16 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
                        engine.stop_reason, st.max_sessions_active,
                        lag.lags_ms, lag.cpu_util, socket.gethostname(), lag.runqueue_wait_ms_per_s,
                        cache_model.evictions, engine.first_done_ns, engine.stop_ns)
+
+
+def body_max_tokens(extra_body: dict) -> int | None:
+    """The output cap --extra-body sets (max_tokens, or chat's max_completion_tokens), which
+    the request body takes over the trace's; None when it sets none."""
+    for key in ("max_tokens", "max_completion_tokens"):
+        v = extra_body.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
 
 
 def split_lanes(conc: int, workers: int) -> list[list[int]]:

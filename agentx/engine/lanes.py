@@ -74,6 +74,9 @@ class EngineConfig:
     drain_timeout_s: float = 30.0
     prime: bool = True  # send the turn before the start turn as a warm-up request
     max_model_len: int | None = None
+    # --extra-body's max_tokens, which the request body takes over the trace's: the record's
+    # osl_intended must be what was asked, or a full answer reads as the server's lie
+    max_tokens: int | None = None
     max_error_rate: float = 0.0  # abort above this failure share (engine/abort.py); 0: never
     error_window: int = 50
 
@@ -437,7 +440,7 @@ class Engine:
         a replay finds a cold cache). Returns when the response ended."""
         cfg = self.cfg
         expected = prepared.expected_cached if warm else 0
-        max_tokens = prepared.max_tokens
+        max_tokens = cfg.max_tokens or prepared.max_tokens
         if cfg.max_model_len:
             max_tokens = max(1, min(max_tokens, cfg.max_model_len - prepared.intended_in))
         self._req_seq += 1

@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .errors import InputError
+from .errors import InputError, RunLost
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,9 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
-    except InputError as err:
+    except (InputError, RunLost) as err:
         print(str(err), file=sys.stderr)
         return err.exit_code
+    except KeyboardInterrupt:  # Ctrl-C before a run handles it (start-up), or in a command
+        print("agentx: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

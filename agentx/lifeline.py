@@ -1,4 +1,4 @@
-"""Child processes that die with their parent.
+"""Child processes that die with their parent, and do not die of the parent's Ctrl-C.
 
 A SIGKILLed `agentx` runs no cleanup, so each child watches its parent itself, two ways:
 - Linux's parent-death signal (`prctl(PR_SET_PDEATHSIG)`, man 2 prctl): the kernel signals the
@@ -9,12 +9,15 @@ A SIGKILLed `agentx` runs no cleanup, so each child watches its parent itself, t
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -48,3 +51,28 @@ def watch_parent(parent_pid: int, on_orphan: Callable[[], None], interval: float
     t = threading.Thread(target=loop, name="agentx-parent-watch", daemon=True)
     t.start()
     return t
+
+
+@contextlib.contextmanager
+def children_ignore_sigint() -> Iterator[None]:
+    """Processes started inside ignore SIGINT from their first instruction on: an ignored
+    signal stays ignored across exec, and Python then installs no KeyboardInterrupt handler
+    (a terminal's Ctrl-C reaches the whole process group; the parent handles it and stops its
+    children itself). Only the start itself runs with this process's SIGINT ignored: keep the
+    block to the spawn calls. Off the main thread (where signals cannot be set) a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old if old is not None else signal.SIG_DFL)
+
+
+def spawn_python(code: str) -> subprocess.Popen:
+    """`python -c code` with pipes on stdin (its settings in, then its lifeline) and stdout
+    (its answers), ignoring SIGINT from its first instruction on (children_ignore_sigint)."""
+    with children_ignore_sigint():
+        return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE)

@@ -19,6 +19,7 @@ import orjson
 
 from .client.facts import StreamFacts
 from .client.sse import is_count
+from .errors import OutputError
 from .metrics import definitions as d
 
 # How far a server's usage may be from the request before it is impossible (class bad_usage,
@@ -147,20 +148,39 @@ class RecordWriter:
     each with no buffer in between, so a SIGKILL leaves whole lines (at most the line being
     written is missing; `agentx report` drops a cut-off last line should the kernel have
     stopped a long write short). A file left by an earlier run in the same output directory
-    is replaced, not appended to."""
+    is replaced, not appended to. A write that fails (disk full) is cut back off the file,
+    which keeps every record before it whole, and raises OutputError; so does every later
+    write (the lane that meets it ends the run)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = path
-        self._f: IO[bytes] = open(path, "wb", buffering=0)
+        try:
+            self._f: IO[bytes] = open(path, "wb", buffering=0)
+        except OSError as e:
+            raise OutputError(os.fspath(path), e) from None
         self.count = 0
+        self._size = 0  # bytes of whole lines written
+        self.failed: OutputError | None = None
 
     def write(self, rec: RequestRecord) -> None:
-        write_line(self._f, rec.to_json() + b"\n")
-        self.count += 1
+        if self.failed is None:
+            line = rec.to_json() + b"\n"
+            try:
+                write_line(self._f, line)
+                self._size += len(line)
+                self.count += 1
+                return
+            except OSError as e:
+                with contextlib.suppress(OSError):  # no half line left behind
+                    self._f.truncate(self._size)
+                self.failed = OutputError(os.fspath(self.path), e, kept=f"the {self.count} "
+                                          "records written before are kept, whole")
+        raise OutputError(self.failed.path, self.failed.reason, self.failed.kept)
 
     def close(self) -> None:
         if not self._f.closed:
-            self._f.close()
+            with contextlib.suppress(OSError):  # nothing buffered: a failure was reported
+                self._f.close()
 
 
 def write_line(f: IO[bytes], line: bytes) -> None:
@@ -204,7 +224,8 @@ def merge_record_files(parts: Sequence[str | os.PathLike], dest: str | os.PathLi
     before `warm_until_ns` (the run's warm-up end, when it is the last of the workers' own)
     are flagged warm-up, as one process would have flagged them. Lines a killed writer left
     unreadable are skipped, so one dead worker cannot cost the others' records. Written to a
-    temporary file and renamed: a crash meanwhile leaves the parts as they were.
+    temporary file and renamed: a crash meanwhile leaves the parts as they were, and so does a
+    full disk (OutputError, the temporary file removed).
     Returns (records written, unreadable lines skipped)."""
     rows: dict[str, dict] = {}
     bad = 0
@@ -219,9 +240,16 @@ def merge_record_files(parts: Sequence[str | os.PathLike], dest: str | os.PathLi
             if not r.get("warmup") and r["intended_send_ns"] < warm_until_ns:
                 r["warmup"] = True
     tmp = f"{os.fspath(dest)}.tmp"
-    with open(tmp, "wb") as f:
-        f.writelines(orjson.dumps(r) + b"\n" for r in ordered)
-    os.replace(tmp, dest)
+    try:
+        with open(tmp, "wb") as f:
+            f.writelines(orjson.dumps(r) + b"\n" for r in ordered)
+        os.replace(tmp, dest)
+    except OSError as e:  # disk full: no half-written file, the parts as they were
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise OutputError(os.fspath(dest), e, kept="the record files it merges are kept as "
+                          "they were (agentx report DIR merges them once there is room)") \
+            from None
     for part in parts:
         if os.path.abspath(part) != os.path.abspath(dest):
             with contextlib.suppress(FileNotFoundError):

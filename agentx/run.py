@@ -21,8 +21,8 @@ from .client.http import ClientConfig, first_model, make_session, probe_error, s
 from .config import RunConfig, default_output_dir
 from .engine.drive import DriveResult, DriveSpec, drive, split_lanes
 from .engine.lanes import Engine
-from .engine.workers import WorkerPool, auto_workers, usable_cores
-from .errors import InputError
+from .engine.workers import WorkerPool, auto_workers, usable_cores, worker_name
+from .errors import InputError, OutputError, RunLost
 from .metrics.goodput import goodput
 from .metrics.server_metrics import kv_pool
 from .metrics.summary import dist, summarize
@@ -33,7 +33,7 @@ from .outdir import SUMMARY_JSON, check_output_dir, create_output_dir, write_jso
 from .plan import split_count
 from .prompt.token_model import TokenModel, builtin_model, hf_model
 from .recipe.golden import sim_pinned
-from .records import merge_record_files, read_records
+from .records import merge_record_files, read_jsonl
 from .target import target
 from .trace.load import load_traces
 from .trace.model import TraceSet
@@ -126,27 +126,39 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False,
                        offload_blocks=(tier_blocks * len(lanes[w]) // cfg.conc) if tier_blocks
                        else None, offload_eager=bool(tier["offload_eager"]))
              for w in range(n_workers)]
+    if pooled:  # the manifest names every file of the run (outdir.py)
+        from .outdir import register
+
+        register(out, *(Path(s.records_path).name for s in specs))
     results: list[DriveResult] = []
+    lost: list[str] = []  # workers that gave no result, with the lanes they held
+    merge_failed: OutputError | None = None
     try:
         if not pooled:
             results = [await _drive_here(cfg, specs[0], tm, traces, ready)]
         else:
             if ready:  # workers start together on their own gate, once past this one
                 await ready()
-            results = await _drive_workers(cfg, specs)
+            results, lost = await _drive_workers(cfg, specs)
     finally:
         if scraper:
             await scraper.stop()
         if pooled:
-            # workers end their warm-ups apart: the run's is the last (auto warm-up only)
-            _, bad = merge_record_files([s.records_path for s in specs], requests_path,
-                                        warm_until_ns=max(x.warmup_end_ns for x in results)
-                                        if results and cfg.warmup_auto() else None)
-            if bad:
-                print(f"agentx: warning: skipped {bad} unreadable line(s) of the workers' record "
-                      "files (a worker killed while writing)", file=sys.stderr)
-    records = read_records(requests_path)
-    summary = _summary(cfg, results, n_workers, records, scraper, meta, ccfg, tier)
+            merge_failed = _merge_workers(cfg, specs, requests_path, results)
+    # a records file that could not be written (disk full): no summary of a partial record
+    failed = next(filter(None, map(OutputError.found_in, [x.stop_reason for x in results]
+                                   + lost)), None) or merge_failed
+    if failed:
+        raise OutputError(failed.path, failed.reason, f"{failed.kept}; agentx report {out} "
+                          "summarizes them once there is room")
+    if lost and not results:
+        raise RunLost(f"agentx: every worker was lost (above), no summary; agentx report {out} "
+                      "summarizes the records they wrote")
+    records, bad = read_jsonl(requests_path)
+    if bad:
+        print(f"agentx: warning: skipped {bad} unreadable line(s) of {requests_path}",
+              file=sys.stderr)
+    summary = _summary(cfg, results, n_workers, records, scraper, meta, ccfg, tier, lost)
     write_json(out / SUMMARY_JSON, summary)
     summary["output_dir"] = str(out)
     return summary
@@ -190,7 +202,27 @@ async def _drive_here(cfg: RunConfig, spec: DriveSpec, tm: TokenModel, traces: T
         aio.remove_stop_signals(loop)
 
 
-async def _drive_workers(cfg: RunConfig, specs: list[DriveSpec]) -> list[DriveResult]:
+def _merge_workers(cfg: RunConfig, specs: list[DriveSpec], requests_path: Path,
+                   results: list[DriveResult]) -> OutputError | None:
+    """The workers' record files into requests.jsonl; a full disk leaves them as they were."""
+    try:
+        # workers end their warm-ups apart: the run's is the last (auto warm-up only)
+        _, bad = merge_record_files([s.records_path for s in specs], requests_path,
+                                    warm_until_ns=max(x.warmup_end_ns for x in results)
+                                    if results and cfg.warmup_auto() else None)
+    except OutputError as e:
+        return e
+    if bad:
+        print(f"agentx: warning: skipped {bad} unreadable line(s) of the workers' record "
+              "files (a worker killed while writing)", file=sys.stderr)
+    return None
+
+
+async def _drive_workers(cfg: RunConfig, specs: list[DriveSpec]
+                         ) -> tuple[list[DriveResult], list[str]]:
+    """The workers' results, and each lost worker (its lanes and why) as the run's stop
+    reason: `error: worker w1 (lanes 1, 3) lost: ...` (none when a signal stopped the run:
+    it is `signal`, and interrupted). One stderr line per lost worker."""
     if cfg.ray:
         from .engine.ray_backend import RayPool
 
@@ -212,13 +244,14 @@ async def _drive_workers(cfg: RunConfig, specs: list[DriveSpec]) -> list[DriveRe
         if prog:
             await prog
         aio.remove_stop_signals(loop)
-    if pool.errors:
-        print("agentx: worker errors: " + "; ".join(f"w{k}: {v}" for k, v in
-                                                    sorted(pool.errors.items())),
-              file=sys.stderr)
-    if not results:
-        raise RuntimeError("no worker finished: " + "; ".join(pool.errors.values()))
-    return results
+    lost = [v if v.startswith("worker w") else f"{worker_name(specs[w])} lost: {v}"  # Ray's
+            for w, v in sorted(pool.errors.items())]
+    for why in lost:
+        print(f"agentx: {why}", file=sys.stderr)
+    signalled = getattr(pool, "signalled", False)  # RayPool: never
+    if signalled and not results:
+        raise KeyboardInterrupt  # interrupted before any worker could report: exit 130
+    return results, [] if signalled else [f"error: {why}" for why in lost]
 
 
 async def _progress(cfg: RunConfig, stats: Any, done: asyncio.Event) -> None:
@@ -274,7 +307,8 @@ def _run_meta(cfg: RunConfig, ccfg: ClientConfig, base_url: str, embedded: bool,
 
 
 def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records: list[dict],
-             scraper: Any, meta: dict, ccfg: ClientConfig, tier: dict | None = None) -> dict:
+             scraper: Any, meta: dict, ccfg: ClientConfig, tier: dict | None = None,
+             lost: list[str] = ()) -> dict:
     # measurement window: from the end of warm-up to the last measured completion
     win = _window(results, records)
     server_metrics = scraper.compute(ccfg.model) if scraper else None
@@ -306,7 +340,7 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
     s["cache"].update(tier or {})
     if s["cache"]["kv_pool_tokens"]:
         s["cache"]["working_set_exceeds_pool"] = sum(x.cache_evictions for x in results) > 0
-    s["stop_reason"] = stop_reason({x.stop_reason for x in results})
+    s["stop_reason"] = stop_reason({x.stop_reason for x in results} | set(lost))
     s["golden_al"] = cfg.golden_al.model_dump() if cfg.golden_al else None  # the pinned entry
     s.update(meta)  # config, target, labels, run
     if cfg.validation != "off":

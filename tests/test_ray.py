@@ -170,8 +170,9 @@ def test_ray_cluster_lanes_on_two_nodes_and_a_node_dies(tmp_path, two_node_clust
     killer.join(5)
     assert seen and min(seen.values()) >= 3, seen  # both nodes were sending before the kill
     err = capfd.readouterr().err
-    assert "worker errors: w" in err and "on Ray node" in err
-    dead = 0 if "w0: " in err.split("worker errors:")[1] else 1
+    assert "agentx: worker w" in err and "on Ray node" in err
+    dead = 0 if "agentx: worker w0 (lanes 0, 2) lost: " in err else 1
+    assert s["stop_reason"].startswith(f"error: worker w{dead} ")  # a lost worker fails the run
     # the survivor ran on another node than the dead actor: hosts carry the Ray node id
     (host,) = s["client"]["hosts"]
     dead_node = err.split("on Ray node ")[1].split(":")[0]

@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-import orjson
 from rich.console import Console
 from rich.table import Table
 
@@ -12,11 +10,6 @@ from ..report.console import make_console
 
 VERDICT_STYLE = {"a_better": "[bold]{a} better[/bold]", "b_better": "[bold]{b} better[/bold]",
                  "no_difference": "no difference", "insufficient": "[yellow]insufficient[/yellow]"}
-
-
-def write_json(doc: dict, path: Path) -> Path:
-    path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-    return path
 
 
 def _f(v: float | None, pct: bool = False) -> str:

@@ -58,11 +58,11 @@ def run_ab(cfg: ABConfig) -> dict:
                 s = side(name)
                 summaries[name].append(run(_config(cfg, s, i, out)))
         doc = _document(cfg, out, sides, summaries)
+    from ..outdir import write_json
     from .plot import cdf_plot
-    from .report import write_json
 
     doc["plot"] = str(cdf_plot(doc, out / "ab_cdf.png"))
-    write_json(doc, out / AB_JSON)
+    write_json(out / AB_JSON, doc)
     return doc
 
 

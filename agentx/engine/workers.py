@@ -5,7 +5,15 @@ Each worker is a separate process with its own uvloop and aiohttp session, runni
 `drive()` on its share of the lanes, all starting at one shared monotonic instant
 (CLOCK_MONOTONIC is system-wide, so their timestamps are comparable). Each writes its own
 records file, merged by start time at the end. The parent forwards stop requests through two
-Events (drain, force) and gathers live counters through a Queue for the progress display.
+Events (drain, force) and gathers live counters, a heartbeat and the result through one Queue
+per worker (a worker killed while writing to a shared queue would hold its lock for ever and
+silence the others).
+
+A worker that stops reporting is lost, never waited for: dead without a result, silent for
+SILENT_LIMIT_S (frozen, SIGSTOPped), still running DEADLINE_MARGIN_S past the latest instant its
+run can end (ramp-up + (WARMUP_LIMIT + 1) x --duration + --drain-timeout, or --drain-timeout
+after a stop), or KILL_GRACE_S after a forced stop (a second Ctrl-C). The parent SIGKILLs it,
+stops the others, keeps every record it wrote and names it, with its lanes, in `lost`.
 
 A worker dies with its parent (agentx.lifeline: parent-death signal and a watchdog thread): an
 orphan force-stops its lanes, keeps the records it flushed (merged by the next `agentx report`)
@@ -24,13 +32,19 @@ import time
 from dataclasses import asdict, fields
 
 from .. import aio
-from ..lifeline import parent_alive, set_parent_death_signal, watch_parent
+from ..lifeline import children_ignore_sigint, parent_alive, set_parent_death_signal, watch_parent
 from .drive import DriveResult, DriveSpec, drive
-from .lanes import Engine, LiveStats
+from .lanes import WARMUP_LIMIT, Engine, LiveStats
 
 LANES_PER_WORKER = 128  # one uvloop process keeps its loop lag low up to about this many
 STATS_EVERY_S = 0.5
 ORPHAN_EXIT_S = 5.0  # an orphan still running this long after its parent died exits anyway
+HEARTBEAT_S = 1.0  # a worker's heartbeat thread reports this often, from its first line on
+SILENT_LIMIT_S = 10.0  # a started worker silent this long is lost (frozen, stopped)
+STARTUP_LIMIT_S = 120.0  # a worker not heard from this long after its spawn is lost
+DEADLINE_MARGIN_S = 30.0  # past the latest instant a worker's run can end: lost
+KILL_GRACE_S = 5.0  # after a forced stop, a worker still running this long is killed
+DEAD_GRACE_S = 2.0  # a worker found dead: its queued last words arrive within this
 
 
 def usable_cores() -> int:
@@ -58,6 +72,11 @@ def merge_live(s: LiveStats, vals: list[dict]) -> None:
     s.max_sessions_active = max(s.max_sessions_active, s.sessions_active)
     s.recent_ttft_ms = [x for v in vals for x in v["recent_ttft_ms"][-128:]]
     s.recent_tpot_ms = [x for v in vals for x in v["recent_tpot_ms"][-128:]]
+
+
+def worker_name(spec: DriveSpec) -> str:
+    """`worker w1 (lanes 1, 3)`: how a lost worker is named (stderr, stop reason)."""
+    return f"worker w{spec.worker} (lanes {', '.join(map(str, spec.lanes))})"
 
 
 class StartGate:
@@ -92,6 +111,15 @@ def _worker_entry(spec: DriveSpec, stop_evt, force_evt, q, parent_pid: int,
     Engine.request_stop."""
     set_parent_death_signal(signal.SIGTERM)  # SIGTERM kills it until the engine handles it
     orphan = threading.Event()
+    beating = threading.Event()
+    beating.set()
+
+    def heartbeat() -> None:  # a thread: it goes on while the loop builds or is busy
+        while beating.is_set() and not orphan.is_set():
+            q.put(("beat", spec.worker, None))
+            time.sleep(HEARTBEAT_S)
+
+    threading.Thread(target=heartbeat, name="agentx-heartbeat", daemon=True).start()
     engine_box: list[Engine] = []
     loops: list[asyncio.AbstractEventLoop] = []
 
@@ -136,9 +164,11 @@ def _worker_entry(spec: DriveSpec, stop_evt, force_evt, q, parent_pid: int,
 
     try:
         result = aio.run(main())
+        beating.clear()
         if not orphan.is_set():
             q.put(("done", spec.worker, asdict(result)))
     except BaseException as exc:  # report, never hang the parent
+        beating.clear()
         if not orphan.is_set():
             q.put(("error", spec.worker, f"{type(exc).__name__}: {exc}"))
     if orphan.is_set() or not parent_alive(parent_pid):
@@ -147,66 +177,157 @@ def _worker_entry(spec: DriveSpec, stop_evt, force_evt, q, parent_pid: int,
 
 
 class WorkerPool:
-    """Start workers, expose merged live counters, collect their results."""
+    """Start workers, expose merged live counters, collect their results; name the lost."""
 
     def __init__(self, specs: list[DriveSpec]) -> None:
         self.specs = specs
         ctx = mp.get_context("spawn")
         self.stop_evt, self.force_evt = ctx.Event(), ctx.Event()
-        self.q = ctx.Queue()
+        self.queues = {s.worker: ctx.Queue() for s in specs}
         self.gate = StartGate(ctx)
         self.procs = [ctx.Process(target=_worker_entry,
-                                  args=(s, self.stop_evt, self.force_evt, self.q, os.getpid(),
-                                        self.gate),
+                                  args=(s, self.stop_evt, self.force_evt, self.queues[s.worker],
+                                        os.getpid(), self.gate),
                                   name=f"agentx-worker-{s.worker}", daemon=True) for s in specs]
         self.stats = LiveStats(lanes=sum(len(s.lanes) for s in specs))
         self._per_worker: dict[int, dict] = {}
         self.results: dict[int, DriveResult] = {}
-        self.errors: dict[int, str] = {}
+        self.errors: dict[int, str] = {}  # worker -> why it gave no result (lost)
+        self.signalled = False  # a stop came from outside (Ctrl-C, SIGTERM), not from a worker
+        self._inbox: queue.Queue = queue.Queue()
+        self._heard: dict[int, float] = {}
+        self._dead_since: dict[int, float] = {}
+        self._closed = threading.Event()  # wait() is over: the reader threads end
+        self._spawned = 0.0
+        self._deadline = float("inf")  # monotonic: a worker running after this is lost
 
     def start(self) -> None:
-        for p in self.procs:
-            p.start()
+        # a terminal's Ctrl-C reaches the workers too: ignored until their engine handles it
+        # (the parent forwards it), so none dies of a KeyboardInterrupt while importing
+        with children_ignore_sigint():
+            for p in self.procs:
+                p.start()
+        self._spawned = time.monotonic()
+        for w, q in self.queues.items():
+            threading.Thread(target=self._read, args=(q,), name=f"agentx-inbox-{w}",
+                             daemon=True).start()
+
+    def _read(self, q) -> None:
+        """A reader thread per worker queue: a worker killed mid-message blocks only this."""
+        while not self._closed.is_set():
+            try:
+                msg = q.get(True, 0.5)
+            except queue.Empty:
+                continue
+            except (EOFError, OSError, ValueError):  # queue closed, or a cut-off message
+                return
+            self._inbox.put(msg)
 
     def request_stop(self, force: bool = False) -> None:
-        """Every worker: drain (Engine.request_stop), or with force cancel in-flight now."""
+        """Every worker: drain (Engine.request_stop), or with force cancel in-flight now (a
+        signal: the run is interrupted)."""
+        self.signalled = True
+        self._stop_all(force)
+
+    def _stop_all(self, force: bool) -> None:
         self.stop_evt.set()
+        now = time.monotonic()
+        run = self.specs[0].run
+        self._deadline = min(self._deadline, now + (KILL_GRACE_S if force else
+                                                    run.drain_timeout_s + DEADLINE_MARGIN_S))
         if force:
             self.force_evt.set()
         self.gate.open(time.perf_counter_ns())  # workers still starting begin, then stop
 
+    def _open_gate(self) -> None:
+        if not self.gate.go.is_set():
+            self.gate.open(time.perf_counter_ns() + int(StartGate.MARGIN_S * 1e9))
+            run = self.specs[0].run
+            if run.duration_s:  # the latest a run can end: engine.run's own timer, drained
+                longest = run.ramp_up() + (WARMUP_LIMIT + 1) * run.duration_s
+                self._deadline = min(self._deadline, time.monotonic() + longest
+                                     + run.drain_timeout_s + DEADLINE_MARGIN_S)
+
     def _merge_stats(self) -> None:
         merge_live(self.stats, list(self._per_worker.values()))
+
+    def _why_lost(self, w: int, p, now: float) -> str | None:
+        if not p.is_alive():
+            # its last words may still be on their way: lost only once they would be here
+            if now - self._dead_since.setdefault(w, now) < DEAD_GRACE_S:
+                return None
+            code = p.exitcode
+            how = (f"killed by {signal.Signals(-code).name}" if code and code < 0
+                   and -code in signal.valid_signals() else f"exited with code {code}")
+            return f"{how} before reporting its result"
+        heard = self._heard.get(w)
+        if heard is None and now - self._spawned > STARTUP_LIMIT_S:
+            return f"not heard from within {STARTUP_LIMIT_S:g} s of its start"
+        if heard is not None and now - heard > SILENT_LIMIT_S:
+            return f"silent for {now - heard:.0f} s (frozen or stopped)"
+        if now > self._deadline:
+            return ("still running past the forced stop" if self.force_evt.is_set()
+                    else "still running past the run's latest end (duration + drain-timeout "
+                    f"+ {DEADLINE_MARGIN_S:g} s)")
+        return None
+
+    def _lose(self, w: int, p, why: str) -> None:
+        if p.is_alive():
+            p.kill()  # SIGKILL ends a stopped process too
+            p.join(5)
+            why += "; killed (SIGKILL)"
+        self.errors[w] = f"{self._name(w)} lost: {why}; its records written so far are kept"
+
+    def _name(self, w: int) -> str:
+        return worker_name(next(s for s in self.specs if s.worker == w))
 
     async def wait(self) -> list[DriveResult]:
         loop = asyncio.get_running_loop()
         pending = {s.worker for s in self.specs}
         waiting = set(pending)  # not yet ready to start
-        names = {f.name for f in fields(DriveResult)}
-        while pending:
-            if not waiting & pending:
-                self.gate.open(time.perf_counter_ns() + int(StartGate.MARGIN_S * 1e9))
-            try:
-                kind, w, payload = await loop.run_in_executor(None, self.q.get, True, 1.0)
-            except queue.Empty:
-                for s, p in zip(self.specs, self.procs):  # died without a word
-                    if s.worker in pending and not p.is_alive():
-                        self.errors[s.worker] = f"worker exited with code {p.exitcode}"
-                        pending.discard(s.worker)
-                continue
-            if kind == "ready":
-                waiting.discard(w)
-            elif kind == "stats":
-                self._per_worker[w] = payload
-                self._merge_stats()
-            elif kind == "done":
-                self.results[w] = DriveResult(**{k: v for k, v in payload.items() if k in names})
-                pending.discard(w)
-                if self.results[w].stop_reason.startswith("aborted") and pending:
-                    self.request_stop(force=True)  # the run is over, not just this worker
-            else:
-                self.errors[w] = payload
-                pending.discard(w)
+        procs = {s.worker: p for s, p in zip(self.specs, self.procs)}
+        try:
+            while pending:
+                if not waiting & pending:
+                    self._open_gate()
+                try:
+                    kind, w, payload = await loop.run_in_executor(None, self._inbox.get, True,
+                                                                  0.5)
+                except queue.Empty:
+                    pass
+                else:
+                    if w in pending:  # a lost worker's late words are not counted
+                        self._heard[w] = time.monotonic()
+                        if kind == "ready":
+                            waiting.discard(w)
+                        self._take(kind, w, payload, pending)
+                now = time.monotonic()
+                for w in sorted(pending):
+                    why = self._why_lost(w, procs[w], now)
+                    if why:
+                        await loop.run_in_executor(None, self._lose, w, procs[w], why)
+                        pending.discard(w)
+                        if pending:
+                            self._stop_all(force=True)  # the run has failed: end it now
+        finally:
+            self._closed.set()
         for p in self.procs:
             await loop.run_in_executor(None, p.join, 10)
         return [self.results[k] for k in sorted(self.results)]
+
+    def _take(self, kind: str, w: int, payload, pending: set[int]) -> None:
+        """One message of worker `w`: counters, its result, or its failure."""
+        if kind == "stats":
+            self._per_worker[w] = payload
+            self._merge_stats()
+        elif kind == "done":
+            names = {f.name for f in fields(DriveResult)}
+            self.results[w] = DriveResult(**{k: v for k, v in payload.items() if k in names})
+            pending.discard(w)
+            if self.results[w].stop_reason.startswith(("aborted", "error")) and pending:
+                self._stop_all(force=True)  # the run is over, not just this worker
+        elif kind == "error":
+            self.errors[w] = f"{self._name(w)} failed: {payload}"
+            pending.discard(w)
+            if pending:
+                self._stop_all(force=True)

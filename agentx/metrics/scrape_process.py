@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..aio import new_event_loop
+from ..lifeline import spawn_python
 from .prom import Snapshot
 from .scraper import MetricsScraper
 
@@ -66,10 +67,8 @@ class ScraperProcess:
         self.scraper = MetricsScraper(None, url, interval_s, timeout_s=timeout_s)
 
     async def start(self) -> None:
-        self._proc = p = subprocess.Popen(
-            [sys.executable, "-c",
-             "from agentx.metrics.scrape_process import _child_main; _child_main()"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self._proc = p = spawn_python(  # a Ctrl-C while it starts is the parent's to handle
+            "from agentx.metrics.scrape_process import _child_main; _child_main()")
         try:
             _write(p.stdin, self._args)
             self.first = await asyncio.to_thread(_read, p.stdout)

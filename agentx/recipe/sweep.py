@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from ..config import RunConfig
 from ..errors import InputError
 from ..options import input_error
+from ..outdir import write_json
 from ..urls import normalise_base_url
 from .inferencex import inferencex_fields
 from .render import golden_pin
@@ -210,7 +211,7 @@ def annotate(recipe: Recipe, cell: Cell, extra: dict) -> None:
     summary.update({"recipe": recipe.name, "point": {**point.model_dump(mode="json"),
                                                      "index": cell.point, "name": cell.label},
                     "sweep": extra})
-    path.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+    write_json(path, summary)
 
 
 def run_cell(recipe: Recipe, cell: Cell, servers: Servers, opts: SweepOptions) -> None:
@@ -234,9 +235,8 @@ def run_cell(recipe: Recipe, cell: Cell, servers: Servers, opts: SweepOptions) -
 
 
 def write_record(path: Path, recipe: Recipe, backend: str, why: str, cells: list[Cell]) -> None:
-    path.write_bytes(orjson.dumps({"recipe": recipe.name, "backend": backend, "why": why,
-                                   "cells": [c.record() for c in cells]},
-                                  option=orjson.OPT_INDENT_2))
+    write_json(path, {"recipe": recipe.name, "backend": backend, "why": why,
+                      "cells": [c.record() for c in cells]})
 
 
 def sweep(recipe: Recipe, path: Path, opts: SweepOptions) -> list[Cell]:

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from ..errors import InputError
 from ..metrics.goodput import parse_slo
+from ..outdir import register
 from ..target import target_text
 from .console import make_console
 from .pareto import INTERACTIVITY, frontier_key, mark_frontiers, run_row
@@ -81,6 +82,7 @@ def report_one(run: Run, console: Console, *, plots: bool = True) -> int:
         if run.metrics:
             made.append(server_timeseries(run.metrics, run.dir / "server_timeseries.png",
                                           title, run.summary, run.records))
+        register(run.dir, *(p.name for p in made))  # --overwrite removes them, nothing else
         console.print("plots: " + ", ".join(str(p) for p in made))
     return 0
 

@@ -21,6 +21,7 @@ from ..metrics.goodput import goodput
 from ..metrics.prom import Snapshot
 from ..metrics.scraper import SERIES_KEYS
 from ..metrics.summary import summarize
+from ..outdir import write_json
 from ..records import merge_record_files, read_jsonl
 
 REQUESTS, SUMMARY, METRICS_FILE = "requests.jsonl", "summary.json", "metrics.jsonl"
@@ -112,26 +113,45 @@ def load_run(run_dir: Path, *, gpus: int | None = None, slo: dict | None = None)
         notes.append(f"skipped {bad} unreadable line(s) in {REQUESTS}")
     metrics, bad_m = read_jsonl(run_dir / METRICS_FILE)
     summary_path = run_dir / SUMMARY
-    if summary_path.exists():
-        try:
-            summary = orjson.loads(summary_path.read_bytes())
-        except orjson.JSONDecodeError as e:
-            raise InputError(str(summary_path), f"not valid JSON ({e})") from None
-    else:
+    summary, broken = read_summary(summary_path)
+    if broken:
+        notes.append(f"{SUMMARY} is {broken}: rebuilt it from the records")
+    if summary is None:
         if not records:
-            raise InputError(str(run_dir), f"no {SUMMARY} and no readable request in "
-                             f"{REQUESTS}: nothing to report")
+            raise InputError(str(run_dir), f"no {'usable ' if broken else ''}{SUMMARY} and no "
+                             f"readable request in {REQUESTS}: nothing to report")
         summary = rebuild_summary(records, metrics, gpus=gpus, slo=slo,
                                   meta=read_run_json(run_dir))
         summary["rebuilt_from"] = {"records": len(records), "unreadable_lines": bad,
                                    "worker_files_merged": merged, "metrics_rows": len(metrics),
                                    "unreadable_metrics_lines": bad_m}
-        summary_path.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
-        notes.append(f"no {SUMMARY}: rebuilt it from {len(records)} records"
-                     + (f" and {len(metrics)} /metrics scrapes" if metrics else ""))
+        if broken:
+            summary["rebuilt_from"]["broken_summary"] = broken
+        write_json(summary_path, summary)
+        if not broken:
+            notes.append(f"no {SUMMARY}: rebuilt it from {len(records)} records"
+                         + (f" and {len(metrics)} /metrics scrapes" if metrics else ""))
     if slo and (summary.get("goodput") or {}).get("slo_ms") != slo:
         summary["goodput"] = goodput(records, slo, summary["throughput"]["window_s"])
     return Run(run_dir, summary, records, metrics, notes)
+
+
+def read_summary(path: Path) -> tuple[dict | None, str]:
+    """summary.json, or None and why it cannot be used ("" when there is none): a run or
+    report stopped by a full disk before summaries were written atomically left 0 bytes."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None, ""
+    except OSError as e:
+        raise InputError(str(path), f"cannot be read ({e.strerror or e})") from None
+    if not data.strip():
+        return None, "empty"
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        return None, f"not valid JSON ({e})"
+    return (doc, "") if isinstance(doc, dict) else (None, "not a JSON object")
 
 
 def read_run_json(run_dir: Path) -> dict | None:

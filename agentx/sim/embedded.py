@@ -20,6 +20,7 @@ import sys
 import threading
 
 from ..aio import new_event_loop
+from ..lifeline import spawn_python
 from .config import SimConfig
 
 
@@ -113,13 +114,16 @@ class SimProcess:
         return f"http://{self.cfg.host}:{self.port}"
 
     def start(self, timeout: float = 60.0) -> "SimProcess":
-        self._proc = p = subprocess.Popen(
-            [sys.executable, "-c", "from agentx.sim.embedded import _child_main; _child_main()"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        blob = pickle.dumps(self.cfg)
-        p.stdin.write(struct.pack("<Q", len(blob)) + blob)
-        p.stdin.flush()
-        ready, _, _ = select.select([p.stdout], [], [], timeout)
+        # a Ctrl-C while it starts is the parent's to handle (it stops the child)
+        self._proc = p = spawn_python("from agentx.sim.embedded import _child_main; _child_main()")
+        try:
+            blob = pickle.dumps(self.cfg)
+            p.stdin.write(struct.pack("<Q", len(blob)) + blob)
+            p.stdin.flush()
+            ready, _, _ = select.select([p.stdout], [], [], timeout)
+        except BaseException:  # interrupted: stop it while its stdout is still read
+            self.stop()
+            raise
         line = p.stdout.readline().decode(errors="replace").strip() if ready else ""
         kind, _, value = line.partition(" ")
         if kind != "ready":

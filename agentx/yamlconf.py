@@ -2,8 +2,13 @@
 
 Profiles now, recipes next: a user's YAML either validates completely or fails with one line
 such as `error: recipes/x.yaml:12: field 'engine.block_size' input should be ...`. The line
-comes from the YAML node of the offending key or value (yaml.compose keeps the marks that
-yaml.safe_load drops).
+comes from the YAML node of the offending key or value (the composed node tree keeps the marks
+that yaml.safe_load drops).
+
+Every YAML agentx reads (recipes, simulator profiles, golden AL files, `--set` values) goes
+through `Loader`, which refuses aliases (`*name`): a few lines of nested aliases (a "billion
+laughs") describe a tree of billions of nodes, and walking it (the duplicate-key check, the
+line finder, validation) would never end. No agentx file needs them; write the value out.
 """
 from __future__ import annotations
 
@@ -17,6 +22,49 @@ from .errors import InputError
 from .options import input_error
 
 M = TypeVar("M", bound=BaseModel)
+
+
+class Loader(yaml.SafeLoader):
+    """yaml.SafeLoader without aliases: `*name` is a ComposerError at its line."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"aliases are not accepted (*{event.anchor}): write the value out",
+                event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def compose(text: str) -> yaml.Node | None:
+    """The node tree of one YAML document (marks kept), aliases refused."""
+    return yaml.compose(text, Loader=Loader)
+
+
+def _parse(text: str, source: str) -> tuple[yaml.Node | None, object]:
+    """(node tree, Python value) of one YAML document; any problem is one InputError."""
+    try:
+        loader = Loader(text)  # reads the stream already: may raise
+        try:
+            root = loader.get_single_node()
+            return root, (loader.construct_document(root) if root is not None else None)
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        why = getattr(e, "problem", None) or " ".join(str(e).split())  # one line
+        raise InputError(source, f"not valid YAML ({why})",
+                         line=mark.line + 1 if mark else None) from None
+    except RecursionError:
+        raise InputError(source, "not valid YAML (nested too deeply)") from None
+    except ValueError as e:  # a bad date (2024-13-01), an int of more digits than int() takes
+        why = "a number with too many digits" if "digits" in str(e) else str(e)
+        raise InputError(source, f"not valid YAML ({why})") from None
+
+
+def load_value(text: str, source: str) -> object:
+    """A YAML scalar or structure from a command-line value (`--set KEY=VALUE`)."""
+    return _parse(text, source)[1]
 
 
 def _line_finder(root: yaml.Node | None):
@@ -44,19 +92,7 @@ def _line_finder(root: yaml.Node | None):
 
 def load_model(text: str, model: type[M], source: str) -> M:
     """Parse `text` (YAML) from `source` into `model`; any problem is one InputError."""
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        why = getattr(e, "problem", None) or " ".join(str(e).split())  # one line
-        raise InputError(source, f"not valid YAML ({why})",
-                         line=mark.line + 1 if mark else None) from None
-    except RecursionError:
-        raise InputError(source, "not valid YAML (nested too deeply)") from None
-    except ValueError as e:  # a bad date (2024-13-01), an int of more digits than int() takes
-        why = "a number with too many digits" if "digits" in str(e) else str(e)
-        raise InputError(source, f"not valid YAML ({why})") from None
+    root, data = _parse(text, source)
     if not isinstance(data, dict):
         raise InputError(source, "must be a YAML mapping", line=1)
     _no_duplicate_keys(root, source)

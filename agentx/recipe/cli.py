@@ -7,9 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 from ..errors import InputError
+from ..yamlconf import load_value
 from .load import line_in, load_recipe, recipe_names, recipes_dir
 
 
@@ -165,7 +164,7 @@ def _sweep(ns: argparse.Namespace) -> int:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise InputError("command line", f"expected KEY=VALUE, got {item!r}", field="--set")
-        overrides[key.strip()] = yaml.safe_load(value)
+        overrides[key.strip()] = load_value(value, "command line --set")
     opts = SweepOptions(output_dir=out, base_url=ns.base_url, sim=ns.sim, points=ns.points,
                         conc=ns.conc, resume=ns.resume, run=overrides,
                         sim_time_scale=ns.sim_time_scale, health_timeout=ns.timeout)

@@ -5,11 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import yaml
-
 from ..errors import InputError
 from ..shipped import data_dir
-from ..yamlconf import _line_finder, load_model, read_text
+from ..yamlconf import _line_finder, compose, load_model, read_text
 from .schema import Recipe
 
 RECIPES_DIR_ENV = "AGENTX_RECIPES_DIR"
@@ -39,7 +37,7 @@ def resolve(spec: str) -> Path:
 
 def line_in(path: Path, field: str) -> int | None:
     """The line of a dotted field (`points.1.tp`) in a recipe file."""
-    root = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    root = compose(read_text(path))
     return _line_finder(root)(tuple(int(p) if p.isdigit() else p for p in field.split(".")))
 
 
@@ -53,6 +51,6 @@ def load_recipe(spec: str) -> tuple[Recipe, Path]:
     problems = recipe.problems()
     if problems:
         loc, msg = problems[0]
-        line_of = _line_finder(yaml.compose(text, Loader=yaml.SafeLoader))
+        line_of = _line_finder(compose(text))
         raise InputError(str(path), msg, field=".".join(map(str, loc)), line=line_of(loc))
     return recipe, path

@@ -50,7 +50,7 @@ class SimServer:
 
     # ------------------------------------------------------------------ app
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=1 << 30, middlewares=[self._auth])
+        app = web.Application(client_max_size=self.parse.max_body, middlewares=[self._auth])
         app.router.add_get("/health", self.health)
         app.router.add_get("/ping", self.health)
         app.router.add_get("/version", self.version)
@@ -70,6 +70,7 @@ class SimServer:
 
     async def _shutdown(self, app: web.Application) -> None:
         await self.engine.stop()
+        self.parse.close()
         if self.truth is not None:
             self.truth.close()
 
@@ -112,9 +113,7 @@ class SimServer:
 
     async def tokenize(self, request: web.Request) -> web.Response:
         try:
-            body, _ = await self.parse.body(request)
-            self.parse.check_model(body)
-            ids = self.parse.tokenize_ids(body)
+            _, ids, _, _ = await self.parse.read(request, "tokenize")
         except BadRequest as e:
             return _json(e.body, e.status)
         return _json(orjson.dumps({"count": int(len(ids)), "max_model_len": self.max_model_len,
@@ -122,13 +121,10 @@ class SimServer:
 
     async def detokenize(self, request: web.Request) -> web.Response:
         try:
-            body, _ = await self.parse.body(request)
-            toks = body.get("tokens")
-            if not isinstance(toks, list) or not all(isinstance(t, int) for t in toks):
-                raise BadRequest(P.bad_field("tokens", "list_type", "Input should be a valid list of integers", toks))
+            _, text, _, _ = await self.parse.read(request, "detokenize")
         except BadRequest as e:
             return _json(e.body, e.status)
-        return _json(orjson.dumps({"prompt": self.parse.enc.tok.decode(toks)}))
+        return _json(orjson.dumps({"prompt": text}))
 
     # ------------------------------------------------------------ generation endpoints
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -151,15 +147,8 @@ class SimServer:
         hdr_rid = request.headers.get("X-Request-ID")  # case-insensitive lookup
         parse = self.parse
         try:
-            body, received_ns = await parse.body(request)
-            parse.check_model(body)
-            thinking = False
-            if chat:
-                ids, tk = parse.chat_ids(body)
-                prompts = [ids]
-                thinking = bool(tk.get("enable_thinking", self.cfg.default_thinking))
-            else:
-                prompts = parse.completion_prompts(body)
+            body, prompts, tk, received_ns = await parse.read(request, "chat" if chat else "completions")
+            thinking = chat and bool(tk.get("enable_thinking", self.cfg.default_thinking))
             base = hdr_rid or uuid.uuid4().hex[:16]
             rid = ("chatcmpl-" if chat else "cmpl-") + base
             session = request.headers.get("X-Session-ID") or body.get("session_id")

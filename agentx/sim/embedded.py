@@ -11,6 +11,7 @@ the SimServer object:
 from __future__ import annotations
 
 import asyncio
+import os
 import pickle
 import select
 import signal
@@ -20,6 +21,7 @@ import sys
 import threading
 
 from ..aio import new_event_loop
+from ..errors import InputError
 from ..lifeline import spawn_python
 from .config import SimConfig
 
@@ -128,6 +130,9 @@ class SimProcess:
         kind, _, value = line.partition(" ")
         if kind != "ready":
             self.stop()
+            if value.startswith("InputError: error: "):  # a bad profile or option: exit 2
+                where, _, why = value.removeprefix("InputError: error: ").partition(": ")
+                raise InputError(where, why)
             raise RuntimeError("embedded simulator failed to start: "
                                + (value or line or "no answer in time"))
         self.port = int(value)
@@ -179,7 +184,7 @@ def _child_main() -> None:
     except Exception as e:  # noqa: BLE001 (the parent raises it)
         out.write(f"error {type(e).__name__}: {e}\n".replace("\n", " ").rstrip() + "\n")
         out.flush()
-        raise SystemExit(1) from None
+        os._exit(1)  # not SystemExit: the stdin reader thread would crash the interpreter's exit
     finally:
         loop.close()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..options import StrictModel
-from ..yamlconf import load_model
+from ..yamlconf import load_model, read_text
 from .config import SimConfig
 
 GB = 1e9
@@ -120,7 +120,7 @@ def _locate(name: str) -> tuple[str, str]:
     if p.suffix in (".yaml", ".yml") or p.exists():
         if not p.exists():
             raise InputError(name, "profile file not found", field="profile")
-        return p.read_text(encoding="utf-8"), str(p)
+        return read_text(p), str(p)
     f = resources.files("agentx.sim") / "profiles" / f"{name}.yaml"
     if not f.is_file():
         raise InputError("serve-sim", f"unknown profile {name!r}; shipped: {', '.join(shipped())}",

@@ -18,8 +18,8 @@ DONE = b"data: [DONE]\n\n"
 
 def error_body(status: int, message: str, *, type_: str | None = None, param: str | None = None) -> bytes:
     """vLLM's `{"error": {...}}` body (see error_bad_request.json / error_unknown_model.json)."""
-    phrases = {400: "Bad Request", 404: "NotFoundError", 429: "Too Many Requests",
-               500: "Internal Server Error", 503: "Service Unavailable"}
+    phrases = {400: "Bad Request", 404: "NotFoundError", 413: "Request Entity Too Large",
+               429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}
     return orjson.dumps({"error": {"message": message, "type": type_ or phrases.get(status, "Error"),
                                    "param": param, "code": status}})
 
@@ -31,6 +31,13 @@ def bad_field(field: str, kind: str, msg: str, value: Any) -> bytes:
         rv = rv[:77] + "..."
     text = f"1 validation error:\n  {{'type': '{kind}', 'loc': 'body.{field}', 'msg': '{msg}', 'input': {rv}}}"
     return error_body(400, text, param=f"body.{field}")
+
+
+def too_large(size: int | None, limit: int, max_model_len: int) -> bytes:
+    """413: a body over the simulator's cap (sim/parse.py: BYTES_PER_TOKEN x max_model_len)."""
+    what = f"Request body of {size:,} bytes is" if size is not None else "Request body is"
+    return error_body(413, f"{what} over the limit of {limit:,} bytes (enough for a prompt of "
+                      f"max_model_len, {max_model_len:,} tokens)", param="body")
 
 
 def unknown_model(name: str, served: str) -> bytes:

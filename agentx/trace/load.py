@@ -5,13 +5,20 @@ a Weka JSON file, a directory of them (recursive, sorted by relative path), a ``
 of one JSON, a ``.tar``/``.tar.gz``/``.tgz``/``.tar.xz``/``.txz`` archive of JSON files (members
 sorted by name), or a Mooncake ``.jsonl`` (optionally ``.gz``/``.xz``; also recognised by content).
 Built-in names win over a same-named relative path (write ``./swe`` for the path).
+
+One load reads at most `max_trace_bytes()` of trace data, counted after decompression (768 MiB,
+or $AGENTX_MAX_TRACE_BYTES): a few MB of gzip or xz can expand to many GB (a decompression
+bomb), so every stream is read in chunks against that budget and refused, one line naming the
+file, as soon as it would go past it; a tar member's size is checked before it is read.
 """
 from __future__ import annotations
 
 import gc
 import gzip
+import io
 import lzma
 import os
+import re
 import tarfile
 import zlib
 from pathlib import Path
@@ -26,8 +33,12 @@ from .weka import decode_json, traces_from_json
 
 BUILTIN_TRACES = {"swe": "swe.tar.xz"}
 TRACES_DIR_ENV = "AGENTX_TRACES_DIR"
-_TAR_SUFFIXES = {".tar": "r:", ".tar.gz": "r:gz", ".tgz": "r:gz", ".tar.xz": "r:xz",
-                 ".txz": "r:xz"}
+# The 533 real Claude Code sessions of tests/data/traces are 332 MiB of JSON (the largest
+# 4.2 MB; 0.8 GB of memory once loaded): 768 MiB is 2.3x that, and a bomb stops there.
+MAX_TRACE_BYTES = 768 << 20
+MAX_TRACE_BYTES_ENV = "AGENTX_MAX_TRACE_BYTES"
+_CHUNK = 1 << 20
+_TAR_SUFFIXES = {".tar": "", ".tar.gz": ".gz", ".tgz": ".gz", ".tar.xz": ".xz", ".txz": ".xz"}
 _DATA_SUFFIXES = (".json", ".jsonl")
 _COMPRESSED = (".gz", ".xz")
 _MEMBER_SUFFIXES = {d + c for d in _DATA_SUFFIXES for c in ("", *_COMPRESSED)}
@@ -62,11 +73,89 @@ def load_traces(spec: str) -> TraceSet:
     return load_path(path)
 
 
+def max_trace_bytes() -> int:
+    """$AGENTX_MAX_TRACE_BYTES (bytes, or with a K/M/G/T suffix: 4G), else MAX_TRACE_BYTES."""
+    text = os.environ.get(MAX_TRACE_BYTES_ENV, "").strip()
+    if not text:
+        return MAX_TRACE_BYTES
+    m = re.fullmatch(r"(\d+)\s*([KMGT]?)i?B?", text, re.IGNORECASE)
+    if not m or int(m.group(1)) == 0:
+        raise InputError(MAX_TRACE_BYTES_ENV, f"expected a positive size such as 4G or "
+                         f"4294967296, got {text!r}")
+    return int(m.group(1)) << (10 * " KMGT".index(m.group(2).upper() or " "))
+
+
+class _Budget:
+    """The bytes one load may still read (after decompression)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+
+    def take(self, n: int, source: str) -> None:
+        self.used += n
+        if self.used > self.limit:
+            limit = f"{self.limit / 2**20:g} MiB" if self.limit >= 2**20 else f"{self.limit:,} bytes"
+            raise InputError(source, f"trace data exceeds {limit} once decompressed (a "
+                             f"decompression bomb? set {MAX_TRACE_BYTES_ENV} to allow more)")
+
+
+def _read_all(f, budget: _Budget, source: str) -> bytes:
+    """Everything `f` (a plain or decompressing file) holds, in chunks against the budget."""
+    chunks = []
+    while chunk := f.read(_CHUNK):
+        budget.take(len(chunk), source)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _open(path: Path, comp: str):
+    """`path` opened for reading through its decompressor ('.gz', '.xz' or '' for none)."""
+    if comp == ".gz":
+        return gzip.open(path, "rb")
+    if comp == ".xz":
+        return lzma.open(path, "rb")
+    return open(path, "rb")
+
+
+class _Capped(io.RawIOBase):
+    """A (decompressing) archive stream for tarfile that refuses, before doing the work, any
+    read or forward seek past the budget: member data, skipped members, pax headers alike."""
+
+    def __init__(self, f, budget: _Budget, source: str) -> None:
+        self.f, self.budget, self.source, self.top = f, budget, source, 0
+
+    def _charge(self, end: int) -> None:
+        if end > self.top:
+            self.budget.take(end - self.top, self.source)
+            self.top = end
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            return _read_all(self.f, self.budget, self.source)
+        self._charge(self.f.tell() + n)
+        return self.f.read(n)
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            self._charge(pos)
+        return self.f.seek(pos, whence)
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+
 def load_path(path: Path) -> TraceSet:
+    budget = _Budget(max_trace_bytes())
     gc_was_on = gc.isenabled()
     gc.disable()  # millions of acyclic objects: collection passes only cost time here
     try:
-        traces = _load_dir(path) if path.is_dir() else _load_file(path)
+        traces = _load_dir(path, budget) if path.is_dir() else _load_file(path, budget)
         # Move what exists now out of the cyclic GC's reach: every later full collection
         # would otherwise walk all ~70 M hash ids (~0.3 s stop-the-world), a pause that would
         # land inside a replay's timing. The trace objects are acyclic (freed by refcount).
@@ -95,25 +184,29 @@ def _stem(name: str) -> str:
     return name[: len(name) - len(suf)] if suf and len(suf) < len(name) else name
 
 
-def _load_dir(root: Path) -> list[Trace]:
+def _load_dir(root: Path, budget: _Budget) -> list[Trace]:
     files = sorted((p for p in root.rglob("*")
                     if p.is_file() and _suffix(p.name) in _MEMBER_SUFFIXES),
                    key=lambda p: p.relative_to(root).as_posix())
     out: list[Trace] = []
     for p in files:
-        out.extend(_load_file(p))
+        out.extend(_load_file(p, budget))
     return out
 
 
-def _load_file(path: Path) -> list[Trace]:
+def _load_file(path: Path, budget: _Budget) -> list[Trace]:
     source, suf = str(path), _suffix(path.name)
     if suf in _TAR_SUFFIXES:
-        return _load_tar(path, _TAR_SUFFIXES[suf])
+        return _load_tar(path, _TAR_SUFFIXES[suf], budget)
+    comp = next((c for c in _COMPRESSED if suf.endswith(c)), "")
     try:
-        raw = path.read_bytes()
+        with _open(path, comp) as f:
+            data = _read_all(f, budget, source)
+    except (EOFError, lzma.LZMAError, zlib.error) as err:
+        raise InputError(source, f"cannot decompress: {err}") from None
     except OSError as err:
-        raise InputError(source, f"cannot read: {err.strerror or err}") from None
-    data = _decompress(raw, suf, source)
+        why = err.strerror or err
+        raise InputError(source, f"cannot {'read' if err.strerror else 'decompress'}: {why}") from None
     return parse_blob(data, _inner(path.name, suf), source)
 
 
@@ -125,22 +218,24 @@ def _inner(name: str, suf: str) -> str:
     return name
 
 
-def _decompress(raw: bytes, suf: str, source: str) -> bytes:
+def _decompress(raw: bytes, suf: str, source: str, budget: _Budget) -> bytes:
+    comp = next((c for c in _COMPRESSED if suf.endswith(c)), "")
+    if not comp:
+        return raw
+    opener = gzip.GzipFile if comp == ".gz" else lzma.LZMAFile
     try:
-        if suf.endswith(".gz"):
-            return gzip.decompress(raw)
-        if suf.endswith(".xz"):
-            return lzma.decompress(raw)
+        with opener(fileobj=io.BytesIO(raw)) as f:
+            return _read_all(f, budget, source)
     except (OSError, EOFError, lzma.LZMAError, zlib.error) as err:
         raise InputError(source, f"cannot decompress: {err}") from None
-    return raw
 
 
-def _load_tar(path: Path, mode: str) -> list[Trace]:
+def _load_tar(path: Path, comp: str, budget: _Budget) -> list[Trace]:
     """Members are read in archive order (xz streams do not seek) and sorted by name after."""
     found: list[tuple[str, list[Trace]]] = []
     try:
-        with tarfile.open(path, mode) as tf:
+        with _open(path, comp) as f, tarfile.open(fileobj=_Capped(f, budget, str(path)),
+                                                 mode="r:") as tf:
             for m in tf:
                 base = m.name.rsplit("/", 1)[-1]
                 suf = _suffix(base)
@@ -148,7 +243,7 @@ def _load_tar(path: Path, mode: str) -> list[Trace]:
                     continue
                 src = f"{path}:{m.name}"
                 fh = tf.extractfile(m)
-                data = _decompress(fh.read() if fh else b"", suf, src)
+                data = _decompress(fh.read() if fh else b"", suf, src, budget)
                 found.append((m.name, parse_blob(data, _inner(base, suf), src)))
     except (tarfile.TarError, OSError, EOFError, lzma.LZMAError, zlib.error) as err:
         raise InputError(str(path), f"cannot read archive: {err}") from None

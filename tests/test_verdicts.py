@@ -151,3 +151,20 @@ def test_tables_are_whole_when_stdout_is_not_a_terminal():
     summary = json.loads((DATA / "h200-runs" / "offB" / "summary.json").read_text())
     print_summary(summary, Console(file=buf, width=200))
     assert "…" not in buf.getvalue()
+
+
+def test_auto_warmup_ends_at_the_last_first_requests_end(tmp_path):
+    """W is the instant the last lane's first request ended (its response's end, not the
+    engine's later look at the clock): that lane's next request, due then with no think
+    time, is measured; a request due before W is warm-up."""
+    trace = write_trace(tmp_path / "tr", think=0.0, out=20)
+    out = tmp_path / "out"
+    assert main(["run", "--trace", str(trace), "--conc", "2", "--duration", "0",
+                 "--max-requests", "8", "--min-samples", "1", "--validate", "warn",
+                 "-o", str(out), *FAST]) == 0
+    recs, _ = read_jsonl(out / "requests.jsonl")
+    w = json.loads((out / "summary.json").read_text())["window"]["start_ns"]
+    for r in recs:
+        assert r["warmup"] == (r["kind"] == "prime" or r["intended_send_ns"] < w), r
+    at_w = [r for r in recs if r["intended_send_ns"] == w]
+    assert len(at_w) == 1 and not at_w[0]["warmup"]  # before: flagged warm-up

@@ -35,7 +35,8 @@ def cdf_plot(doc: dict, path: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right", fontsize=8)
     axes[0].set_ylabel("fraction of requests")
-    note = "; ".join(f"{k}: {v}" for k, v in (doc.get("insufficient") or {}).items())
+    note = "; ".join(f"{doc[k.lower()].get('label') or k}: {v}"
+                     for k, v in (doc.get("insufficient") or {}).items())
     title = (f"{doc['a'].get('label') or 'A'}: {doc['a'].get('spec')}   "
              f"{doc['b'].get('label') or 'B'}: {doc['b'].get('spec')}"
              + (f"\nno verdict: {note}" if note else ""))

@@ -162,6 +162,7 @@ class Engine:
         self.t_end_ns = 0
         self.warmup_end_ns = 0
         self.first_done_ns = 0  # when every lane here had finished its first request (0: never)
+        self._first_end_max = 0  # the latest end of a lane's first request so far
         self.stop_ns = 0  # when no new request could start any more
         self._first_pending: set[int] = set()
         self._timer: asyncio.TimerHandle | None = None
@@ -243,16 +244,19 @@ class Engine:
         self._timer = asyncio.get_running_loop().call_later(max(0.0, seconds), self._end,
                                                             "duration")
 
-    def _first_ended(self, lane: int) -> None:
-        """`lane`'s first request has ended (or the lane ended without one). When it is the
-        last lane to get there, the start-up is over: an auto warm-up ends now and --duration
-        counts from here."""
+    def _first_ended(self, lane: int, end_ns: int) -> None:
+        """`lane`'s first request ended at `end_ns` (or the lane ended without one). When it
+        is the last lane to get there, the start-up is over: an auto warm-up ends at the
+        latest of those ends (not at this call, a little later: the lane's next request,
+        due at that end with no think time, is in the window, not the warm-up) and
+        --duration counts from here."""
         if lane not in self._first_pending:
             return
         self._first_pending.discard(lane)
+        self._first_end_max = max(self._first_end_max, end_ns)
         if self._first_pending or self.stopping:
             return
-        self.first_done_ns = perf_ns()
+        self.first_done_ns = self._first_end_max
         if self.cfg.warmup_auto:
             self.warmup_end_ns = self.first_done_ns
             if self.cfg.duration_s:
@@ -269,7 +273,7 @@ class Engine:
         try:
             await self._lane_sessions(lane)
         finally:
-            self._first_ended(lane)  # a lane that sent nothing holds up no one
+            self._first_ended(lane, perf_ns())  # a lane that sent nothing holds up no one
 
     async def _lane_sessions(self, lane: int) -> None:
         cfg = self.cfg
@@ -483,7 +487,7 @@ class Engine:
                 rec.error_detail = rec.error_detail or f"cache model: {exc}"[:300]
             self.stats.in_flight -= 1
             self.stats.note(rec)
-            self._first_ended(lane)
+            self._first_ended(lane, end_ns)
             abort = self._errors.note(rec.ok, rec.error)
             if abort:  # the server fails most requests: stop now, cancel the rest
                 self.request_stop(force=True, reason=abort)

@@ -191,6 +191,7 @@ def test_pareto_of_three_runs(tmp_path, capsys):
         assert any(r[key] == "True" for r in rows)
         assert rows[0][key] == "False"  # insufficient: never on the frontier
     assert [r["validation"] for r in rows] == ["insufficient", "pass", "pass"]
+    assert {r["target"] for r in rows} == {"simulator cpu-tiny"}
     assert "insufficient" in printed
     _assert_png(tmp_path / "rep" / "pareto.png")
     # a directory of runs is read as those runs

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..metrics.summary import measured
 from ..metrics.window import headline
+from ..target import target_text
 
 PUBLISHABLE = ("pass", "")  # verdicts a frontier point may have ("": validation off)
 
@@ -81,6 +82,7 @@ def run_row(name: str, summary: dict, records: list[dict], gpus: int | None = No
                             or {}).get("hit_rate"),
         "validation": v,
         "labels": ";".join(f"{k}={x}" for k, x in (summary.get("labels") or {}).items()),
+        "target": target_text({"target": summary.get("target")}),
     }
 
 

@@ -201,7 +201,9 @@ def pareto_plot(rows: list[dict], path: Path, y: str, y_label: str,
     if notes:
         fig.text(0.01, 0.01, "left off the frontier:\n" + "\n".join(notes), fontsize=7,
                  va="bottom", family="monospace")
-    title = f"{y_label} against interactivity ({len(rows)} runs)"
+    targets = sorted({r.get("target") or "" for r in rows})
+    title = f"{y_label} against interactivity ({len(rows)} runs) — " + (
+        targets[0] if len(targets) == 1 else f"{len(targets)} targets")
     return _save(plt, fig, path, title, bottom=(0.3 + 0.16 * len(notes)) / fig.get_figheight()
                  if notes else None)
 

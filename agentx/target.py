@@ -7,12 +7,14 @@ from .config import RunConfig
 from .urls import redact_url
 
 
-def target(cfg: RunConfig, base_url: str, embedded: bool, model: str,
-           version: str | None) -> dict:
-    return {"kind": "simulator" if embedded else "server",
-            "profile": cfg.sim.profile if embedded else None,
+def target(cfg: RunConfig, base_url: str, embedded: bool, model: str, version: dict) -> dict:
+    """`version` is client.http.server_version's: a served simulator (a sweep's or an A/B
+    side's stand-in, `agentx serve-sim`) says so there, and is named as one."""
+    sim = embedded or bool(version.get("simulator_profile"))
+    return {"kind": "simulator" if sim else "server",
+            "profile": cfg.sim.profile if embedded else version.get("simulator_profile"),
             "url": None if embedded else redact_url(base_url), "model": model,
-            "server_version": version}
+            "server_version": version.get("version")}
 
 
 def target_text(summary: dict) -> str:
@@ -20,7 +22,8 @@ def target_text(summary: dict) -> str:
     labels (`; recipe=..., point=...`)."""
     t = summary.get("target") or {}
     if t.get("kind") == "simulator":
-        what = f"simulator {t.get('profile') or ''}".strip()
+        what = f"simulator {t.get('profile') or ''}".strip() + (
+            f" at {t['url']}" if t.get("url") else "")
     elif t:
         what = f"{t.get('model') or '?'} at {t.get('url') or '?'}" + (
             f" (vLLM {t['server_version']})" if t.get("server_version") else "")

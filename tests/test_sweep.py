@@ -103,6 +103,9 @@ def test_sweep_cell_with_a_handful_of_requests_is_insufficient(tmp_path):
     s = _summary(out / "p0-tp8" / "c2")
     assert s["completed"] <= 4 and s["validation"]["verdict"] == "insufficient"
     assert s["labels"] == {"recipe": "minimaxm3-fp8-h200", "point": "p0-tp8"}
+    # the served stand-in says it is the simulator (GET /version): named so, not "vLLM 0.32.0"
+    assert s["target"]["kind"] == "simulator" and s["target"]["profile"]
+    assert s["target"]["url"].startswith("http://127.0.0.1:")
     assert "verdict insufficient" in proc.stderr
     (row,) = _csv(out)
     assert row["validation"] == "insufficient"

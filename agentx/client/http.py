@@ -66,15 +66,21 @@ async def first_model(session: HTTPClient | aiohttp.ClientSession, base_url: str
 
 
 async def server_version(session: HTTPClient | aiohttp.ClientSession, base_url: str,
-                         timeout_s: float | None = None) -> str | None:
-    """The server's version from GET /version (vLLM: {"version": "0.32.0"}), None when it
-    does not say: a label for results, never a reason to fail."""
+                         timeout_s: float | None = None) -> dict:
+    """GET /version: {"version": "0.32.0"} from vLLM (None values when it does not say: a
+    label for results, never a reason to fail), and `simulator_profile` when the server is
+    agentx's simulator (it adds {"agentx_simulator": {"profile": ...}})."""
     kw = {"timeout": aiohttp.ClientTimeout(total=timeout_s)} if timeout_s else {}
     try:
-        v = (await get_json(session, base_url.rstrip("/") + "/version", **kw)).get("version")
+        doc = await get_json(session, base_url.rstrip("/") + "/version", **kw)
     except Exception:  # noqa: BLE001 - any failure means "not said"
-        return None
-    return str(v)[:100] if v is not None else None
+        doc = None
+    doc = doc if isinstance(doc, dict) else {}
+    sim = doc.get("agentx_simulator")
+    v = doc.get("version")
+    return {"version": str(v)[:100] if v is not None else None,
+            "simulator_profile": str(sim.get("profile"))[:100] if isinstance(sim, dict)
+            else None}
 
 
 def probe_error(exc: BaseException, what: str, timeout_s: float | None) -> str:

@@ -90,7 +90,10 @@ class SimServer:
         return web.Response(status=200)
 
     async def version(self, request: web.Request) -> web.Response:
-        return _json(orjson.dumps({"version": P.VLLM_VERSION}))
+        # vLLM's answer is {"version": ...}; the extra key tells agentx's reports that this
+        # "vLLM 0.32.0" is the simulator, and with which profile
+        return _json(orjson.dumps({"version": P.VLLM_VERSION,
+                                   "agentx_simulator": {"profile": self.cfg.profile}}))
 
     async def models(self, request: web.Request) -> web.Response:
         created = int(time.time())

@@ -75,9 +75,13 @@ def test_reported_timings_match_the_servers_truth(tmp_path, truth_server):
 def test_overloaded_client_is_flagged_client_bound(tmp_path, truth_server):
     stop = threading.Event()
 
-    def hog() -> None:  # holds the interpreter for a whole switch interval at a time
+    def hog() -> None:
+        # holds the interpreter ~10 ms at a time: one C call is never interrupted, whatever
+        # the switch interval (the run sets 0.5 ms: engine/drive.py). With 0.1 ms calls the
+        # hog only shared the core, and the lag p75 sat at 2.7-4.4 ms against the 2 ms floor
+        # (once under it in a CI run, 2026-12-02)
         while not stop.is_set():
-            sum(range(10_000))
+            sum(range(1_000_000))
 
     old = sys.getswitchinterval()
     sys.setswitchinterval(0.02)

@@ -21,11 +21,11 @@ from ..metrics.goodput import goodput
 from ..metrics.prom import Snapshot
 from ..metrics.scraper import SERIES_KEYS
 from ..metrics.summary import summarize
-from ..outdir import write_json
+from ..outdir import METRICS as METRICS_FILE
+from ..outdir import REQUESTS, RUN_JSON, write_json
+from ..outdir import SUMMARY_JSON as SUMMARY
 from ..records import merge_record_files, read_jsonl
 
-REQUESTS, SUMMARY, METRICS_FILE = "requests.jsonl", "summary.json", "metrics.jsonl"
-RUN_JSON = "run.json"
 WORKER_GLOB = "requests.w*.jsonl"
 KILLED = "killed: the run ended without writing summary.json; rebuilt from its records " \
          "by agentx report (window and config estimated, server series possibly partial)"

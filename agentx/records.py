@@ -4,23 +4,21 @@ One `RequestRecord` per request that was started, written to requests.jsonl as s
 finishes (flushed per line, so a crashing server or client never loses finished records).
 Times: wall-clock ns for correlation with server logs, monotonic ns (perf_counter) for all
 durations; chunk arrival offsets are ns after the request start, taken when the bytes arrived,
-before parsing. The client records raw facts (`client.facts.StreamFacts`); `assemble` is the one
-place a record's measured fields are filled from them, the derived ones by `metrics.definitions`.
+before parsing. The client records raw facts (`client.facts.StreamFacts`) and fills a record from
+them (`client.assemble`). This module is data and the rules of valid data only: it imports
+nothing of agentx above the run directory (docs/architecture.md).
 """
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
 import orjson
 
-from .client.facts import StreamFacts
-from .client.sse import is_count
 from .errors import OutputError
-from .metrics import definitions as d
+from .rundir import read_jsonl
 
 # How far a server's usage may be from the request before it is impossible (class bad_usage,
 # docs/reliability.md). Completion tokens: vLLM stops at max_tokens exactly (its scheduler
@@ -31,6 +29,7 @@ from .metrics import definitions as d
 # few hundred; more than twice it plus 1000 is another prompt.
 OSL_ALLOWANCE = 16
 ISL_FACTOR, ISL_SLACK = 2, 1000
+MAX_COUNT = 1 << 31  # a token count is below this (no model has a 2^31-token context)
 
 
 @dataclass(slots=True)
@@ -82,31 +81,10 @@ class RequestRecord:
         return orjson.dumps(self)
 
 
-def assemble(rec: RequestRecord, f: StreamFacts) -> None:
-    """Fill `rec` from what the client observed: raw fields copied, metrics computed by
-    metrics.definitions (also for failed and cancelled requests)."""
-    rec.start_wall_ns, rec.start_ns, rec.end_ns = f.start_wall_ns, f.start_ns, f.end_ns
-    rec.first_token_ns, rec.first_content_ns = f.first_chunk_ns, f.first_content_ns
-    rec.chunk_offsets_ns, rec.chunk_tokens = f.chunk_offsets_ns, f.chunk_tokens
-    rec.status, rec.error, rec.error_detail = f.status, f.error, f.error_detail
-    rec.isl, rec.cached_tokens, rec.reasoning_tokens = f.isl, f.cached_tokens, f.reasoning_tokens
-    rec.server_ttft_ms, rec.server_queue_ms = f.server_ttft_ms, f.server_queue_ms
-    rec.spec_accepted, rec.spec_steps = f.spec_accepted, f.spec_steps
-    rec.finish_reason, rec.retry_after_s = f.finish_reason, f.retry_after_s
-    rec.ok = f.error is None and f.status == 200
-    rec.osl_counted = sum(f.chunk_tokens)
-    rec.osl = d.output_tokens(f.osl, f.chunk_tokens)
-    bad = usage_problem(rec.isl, rec.osl, rec.cached_tokens, rec.osl_counted,
-                        rec.isl_intended, rec.osl_intended)
-    if bad:  # the server's numbers are not kept as facts (a lane would grow its history by them)
-        rec.isl = rec.osl = rec.cached_tokens = None
-        if rec.ok:
-            rec.ok, rec.error, rec.error_detail = False, "bad_usage", bad
-    rec.ttft_ms = d.ttft_ms(f.start_ns, f.first_chunk_ns)
-    rec.ttfc_ms = d.ttfc_ms(f.start_ns, f.first_content_ns)
-    rec.e2e_ms = d.e2e_ms(f.start_ns, f.end_ns, f.last_chunk_ns, rec.ok)
-    rec.tpot_ms = d.tpot_ms(rec.e2e_ms, rec.ttft_ms, rec.osl) if rec.ok else None
-    rec.dispatch_lag_ms = d.dispatch_lag_ms(rec.intended_send_ns, f.start_ns)
+def is_count(v: object) -> bool:
+    """A token count as a server may send it: a non-negative int below MAX_COUNT (a bool,
+    float, string or null is not one)."""
+    return type(v) is int and 0 <= v < MAX_COUNT
 
 
 def usage_problem(isl: object, osl: object, cached: object, counted: object,
@@ -191,67 +169,6 @@ def write_line(f: IO[bytes], line: bytes) -> None:
 
 
 def read_records(path: str | os.PathLike) -> list[dict]:
-    with open(path, "rb") as f:
-        return [orjson.loads(line) for line in f if line.strip()]
-
-
-def read_jsonl(path: str | os.PathLike) -> tuple[list[dict], int]:
-    """Rows of a JSON-lines file and how many lines were unreadable (a process killed while
-    writing can leave half a line); a missing file has none."""
-    rows, bad = [], 0
-    if not os.path.exists(path):
-        return rows, bad
-    with open(path, "rb") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                bad += 1
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
-            else:
-                bad += 1
-    return rows, bad
-
-
-def merge_record_files(parts: Sequence[str | os.PathLike], dest: str | os.PathLike,
-                       warm_until_ns: int | None = None) -> tuple[int, int]:
-    """Merge record files (worker files; `dest` may be one of them) into `dest`, ordered by
-    request start, each request id once; remove the parts other than `dest`. Requests sent
-    before `warm_until_ns` (the run's warm-up end, when it is the last of the workers' own)
-    are flagged warm-up, as one process would have flagged them. Lines a killed writer left
-    unreadable are skipped, so one dead worker cannot cost the others' records. Written to a
-    temporary file and renamed: a crash meanwhile leaves the parts as they were, and so does a
-    full disk (OutputError, the temporary file removed).
-    Returns (records written, unreadable lines skipped)."""
-    rows: dict[str, dict] = {}
-    bad = 0
-    for part in parts:
-        got, b = read_jsonl(part)
-        bad += b
-        for r in got:
-            rows.setdefault(r.get("request_id") or f"{os.fspath(part)}:{len(rows)}", r)
-    ordered = sorted(rows.values(), key=lambda r: r.get("start_ns") or 0)
-    if warm_until_ns:
-        for r in ordered:
-            if not r.get("warmup") and r["intended_send_ns"] < warm_until_ns:
-                r["warmup"] = True
-    tmp = f"{os.fspath(dest)}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.writelines(orjson.dumps(r) + b"\n" for r in ordered)
-        os.replace(tmp, dest)
-    except OSError as e:  # disk full: no half-written file, the parts as they were
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise OutputError(os.fspath(dest), e, kept="the record files it merges are kept as "
-                          "they were (agentx report DIR merges them once there is room)") \
-            from None
-    for part in parts:
-        if os.path.abspath(part) != os.path.abspath(dest):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(part)
-    return len(ordered), bad
+    """The records of a finished record file, strictly: a line that is not a JSON object
+    raises InputError naming it (`rundir.read_jsonl` reads a killed run's leniently)."""
+    return read_jsonl(path, strict=True)[0]

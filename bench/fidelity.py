@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from agentx.metrics.dist import dist
+from agentx.dist import dist
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable

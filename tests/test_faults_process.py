@@ -246,7 +246,7 @@ def test_disk_full_with_workers_then_report(tmp_path, tiny_fs):
 
 def test_write_json_replaces_whole_or_not_at_all(tmp_path, tiny_fs):
     from agentx.errors import OutputError
-    from agentx.outdir import write_json
+    from agentx.rundir import write_json
 
     path = tiny_fs / "summary.json"
     write_json(path, {"old": True})
@@ -278,22 +278,6 @@ def test_overwrite_removes_only_the_runs_own_files(tmp_path):
     assert (tmp_path / "outside").exists()
     assert (out / ".agentx-files").read_text().split() == ["run.json", "requests.jsonl",
                                                            "metrics.jsonl", "summary.json"]
-
-
-def test_overwrite_without_a_manifest_removes_fixed_names_only(tmp_path):
-    from agentx.outdir import create_output_dir, own_files, register
-
-    out = tmp_path / "old-run"  # a run from before manifests
-    out.mkdir()
-    for name in ("summary.json", "requests.w0.jsonl", "server_timeseries.png", "diagram.png",
-                 "requests.w0.jsonl.bak", "my-summary.json"):
-        (out / name).write_text("x")
-    create_output_dir(out, True)
-    assert sorted(f.name for f in out.iterdir()) == [".agentx-files", "diagram.png",
-                                                     "my-summary.json", "requests.w0.jsonl.bak"]
-    register(out, "latency_cdf.png", "run.json")
-    assert own_files(out) == ["run.json", "requests.jsonl", "metrics.jsonl", "summary.json",
-                              "latency_cdf.png"]
 
 
 # --- Ctrl-C during start-up -----------------------------------------------------------------

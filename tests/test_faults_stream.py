@@ -18,12 +18,13 @@ from pathlib import Path
 import orjson
 import pytest
 
+from agentx.client.assemble import assemble
 from agentx.client.facts import StreamFacts
 from agentx.client.http import ClientConfig, make_session, stream_request
 from agentx.client.http1 import MAX_ERROR_BODY, RequestBody, Response
 from agentx.client.sse import MAX_EVENT, StreamDecoder
 from agentx.metrics.summary import summarize
-from agentx.records import OSL_ALLOWANCE, RequestRecord, assemble
+from agentx.records import OSL_ALLOWANCE, RequestRecord
 from agentx.report.rebuild import load_run
 from helpers import write_trace
 

@@ -11,9 +11,9 @@ import pytest
 
 from agentx.prompt.tokenizer import BuiltinTokenizer
 from agentx.prompt.words import WORDS
-from agentx.sim.calibrate import ANCHORS, Scenario, decode_tpot_ms, simulate
 from agentx.sim.config import SimConfig
 from agentx.sim.embedded import start_in_thread
+from agentx.sim.offline import ANCHORS, Scenario, decode_tpot_ms, simulate
 from agentx.sim.profile import resolve
 from agentx.sim.timing import StepTiming
 from helpers import post_stream

@@ -16,9 +16,9 @@ from rich.console import Console
 
 from agentx.cli import main
 from agentx.config import RunConfig
-from agentx.records import read_jsonl
 from agentx.report.console import make_console, print_summary
 from agentx.report.plots import interval_hit_rate, phases, server_timeseries
+from agentx.rundir import read_jsonl
 from conftest import DATA
 from helpers import write_trace
 

@@ -13,6 +13,7 @@ from ..client.http import ClientConfig, chat_body, first_model, make_session, st
 from ..errors import InputError
 from ..metrics.scrape_process import ScraperProcess
 from ..records import RecordWriter, RequestRecord, read_records
+from ..rundir import RunDir
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -57,7 +58,7 @@ async def _send(w, url: str, model: str | None, thinking: str,
     async with make_session(ccfg) as session:
         ccfg.model = model or (await first_model(session, url))[0]
         await scraper.start()
-        writer = RecordWriter(out / "requests.jsonl")
+        writer = RecordWriter(out / RunDir.REQUESTS)
         try:
             for i in range(w.requests):
                 req = dict(reqs[i % len(reqs)])
@@ -74,4 +75,4 @@ async def _send(w, url: str, model: str | None, thinking: str,
             writer.close()
             await scraper.stop()
     spec = (scraper.compute(ccfg.model) or {}).get("spec_decode") or {}
-    return spec, read_records(out / "requests.jsonl")
+    return spec, read_records(out / RunDir.REQUESTS)

@@ -1,7 +1,7 @@
 """What the streaming client observed for one request: raw facts only, no derived metric.
 
 The wire client (`wire.HTTPClient.stream`) stamps the start and the HTTP status, the stream
-decoder (`sse.StreamDecoder`) the chunk arrivals, token counts and usage; `records.assemble`
+decoder (`sse.StreamDecoder`) the chunk arrivals, token counts and usage; `client.assemble`
 turns these into a RequestRecord with the metrics of `metrics.definitions`. Timestamps are
 monotonic ns (`time.perf_counter_ns`) except `start_wall_ns`.
 """

@@ -1,7 +1,7 @@
 """Streaming OpenAI-compatible requests: one request in, one filled RequestRecord out.
 
 Builds request bodies, sends them through the wire client (`wire.HTTPClient`), classifies the
-outcome and hands the raw facts to `records.assemble`, which computes the metrics
+outcome and hands the raw facts to `assemble`, which computes the metrics
 (`metrics.definitions`). Timing rules (docs/metrics.md): start = monotonic ns right before a
 connection is taken for the request (a new connection's set-up counts, as in vLLM's bench
 client); every read is timestamped when it arrives, before de-chunking, SSE splitting or JSON
@@ -17,7 +17,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from ..records import RequestRecord, assemble
+from ..records import RequestRecord
+from .assemble import assemble
 from .config import ClientConfig
 from .facts import StreamFacts
 from .sse import StreamDecoder

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import orjson
 
+from ..records import MAX_COUNT, is_count
 from .facts import StreamFacts
 
 DONE = b"[DONE]"
 MAX_EVENT = 16 << 20  # bytes one SSE event may hold (the largest vLLM chunk is a few KiB)
-MAX_COUNT = 1 << 31  # a token count is below this (no model has a 2^31-token context)
 _loads = orjson.loads
 _JSONError = orjson.JSONDecodeError
 # what a JSON event of the wrong shape raises in the accounting below (a list for an object,
@@ -40,12 +40,6 @@ class StreamAbort(Exception):
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(detail)
         self.kind = kind
-
-
-def is_count(v: object) -> bool:
-    """A token count as a server may send it: a non-negative int below MAX_COUNT (a bool,
-    float, string or null is not one)."""
-    return type(v) is int and 0 <= v < MAX_COUNT
 
 
 def _data_of(event: bytes) -> bytes | None:

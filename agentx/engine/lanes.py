@@ -36,12 +36,13 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol
 
 from ..aio import Steps, run_steps, run_steps_async
+from ..client.assemble import assemble
 from ..client.facts import StreamFacts
 from ..plan import Planner, split_count
 from ..prefix_cache import Admission, TieredCache
 from ..prompt.synth import Conversation, PreparedTurn, SynthConfig
 from ..prompt.token_model import TokenModel
-from ..records import RequestRecord, assemble
+from ..records import RequestRecord
 from ..trace.model import Subagent, Trace, Turn
 from .abort import ErrorWindow
 

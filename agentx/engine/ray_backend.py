@@ -33,6 +33,7 @@ import orjson
 
 from .. import aio
 from ..config import RunConfig
+from ..rundir import RunDir
 from .drive import DriveResult, DriveSpec, drive
 from .lanes import LiveStats
 from .workers import merge_live
@@ -163,7 +164,7 @@ class LaneWorker:
             if "tokenizer" in files:
                 info["tokenizer"] = unpack(*files["tokenizer"], tmp)
             local = replace(spec, run=run, token_info=info,
-                            records_path=os.path.join(tmp, "requests.jsonl"))
+                            records_path=os.path.join(tmp, RunDir.REQUESTS))
             self._records = local.records_path
             result = self._run_loop(local)
             self._records = None

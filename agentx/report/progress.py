@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from ..dist import percentile
 from ..engine.lanes import LiveStats
-from ..metrics.dist import percentile
 
 
 def _p50(xs: list[float]) -> str:

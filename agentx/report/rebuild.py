@@ -13,20 +13,15 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import orjson
-
 from ..errors import InputError
 from ..metrics import server_metrics as sm
 from ..metrics.goodput import goodput
 from ..metrics.prom import Snapshot
 from ..metrics.scraper import SERIES_KEYS
 from ..metrics.summary import summarize
-from ..outdir import METRICS as METRICS_FILE
-from ..outdir import REQUESTS, RUN_JSON, write_json
-from ..outdir import SUMMARY_JSON as SUMMARY
-from ..records import merge_record_files, read_jsonl
+from ..rundir import RunDir, read_jsonl, write_json
 
-WORKER_GLOB = "requests.w*.jsonl"
+REQUESTS, SUMMARY = RunDir.REQUESTS, RunDir.SUMMARY  # for the notes below
 KILLED = "killed: the run ended without writing summary.json; rebuilt from its records " \
          "by agentx report (window and config estimated, server series possibly partial)"
 
@@ -68,21 +63,16 @@ def drop_partial_line(path: Path) -> bool:
     return True
 
 
-def is_run_dir(path: Path) -> bool:
-    return (path / SUMMARY).exists() or (path / REQUESTS).exists() \
-        or any(path.glob(WORKER_GLOB))
-
-
 def find_runs(paths: list[str]) -> list[Path]:
     """Each path is a run directory, or a directory of them (a sweep's root)."""
     out: list[Path] = []
     for p in map(Path, paths):
         if not p.is_dir():
             raise InputError(str(p), "is not a directory", field="DIR")
-        if is_run_dir(p):
+        if RunDir(p).is_run():
             out.append(p)
             continue
-        subs = sorted(d for d in p.iterdir() if d.is_dir() and is_run_dir(d))
+        subs = sorted(d for d in p.iterdir() if d.is_dir() and RunDir(d).is_run())
         if not subs:
             raise InputError(str(p), "holds no run (no summary.json or requests.jsonl in it "
                              "or its subdirectories)", field="DIR")
@@ -90,30 +80,21 @@ def find_runs(paths: list[str]) -> list[Path]:
     return out
 
 
-def merge_worker_files(run_dir: Path) -> int:
-    """Fold unmerged `requests.w*.jsonl` into requests.jsonl (ordered by request start, each
-    request once), then remove them. Returns the number of worker files merged."""
-    parts = sorted(run_dir.glob(WORKER_GLOB))
-    if parts:
-        merge_record_files([run_dir / REQUESTS, *parts], run_dir / REQUESTS)
-    return len(parts)
-
-
 def load_run(run_dir: Path, *, gpus: int | None = None, slo: dict | None = None) -> Run:
     """Load a run; rebuild (and write) summary.json when the run left none. With `slo`, a run
     that recorded no goodput (or other SLOs) gets it computed from its records, in memory."""
     notes = []
-    if drop_partial_line(run_dir / REQUESTS):
+    rd = RunDir(run_dir)
+    if drop_partial_line(rd.requests):
         notes.append(f"dropped the cut-off last line of {REQUESTS} (its writer was killed)")
-    merged = merge_worker_files(run_dir)
+    merged = rd.merge_workers()
     if merged:
         notes.append(f"merged {merged} unmerged worker record file(s) into {REQUESTS}")
-    records, bad = read_jsonl(run_dir / REQUESTS)
+    records, bad = read_jsonl(rd.requests)
     if bad:
         notes.append(f"skipped {bad} unreadable line(s) in {REQUESTS}")
-    metrics, bad_m = read_jsonl(run_dir / METRICS_FILE)
-    summary_path = run_dir / SUMMARY
-    summary, broken = read_summary(summary_path)
+    metrics, bad_m = read_jsonl(rd.metrics)
+    summary, broken = rd.read_json(SUMMARY)
     if broken:
         notes.append(f"{SUMMARY} is {broken}: rebuilt it from the records")
     if summary is None:
@@ -127,7 +108,7 @@ def load_run(run_dir: Path, *, gpus: int | None = None, slo: dict | None = None)
                                    "unreadable_metrics_lines": bad_m}
         if broken:
             summary["rebuilt_from"]["broken_summary"] = broken
-        write_json(summary_path, summary)
+        write_json(rd.summary, summary)
         if not broken:
             notes.append(f"no {SUMMARY}: rebuilt it from {len(records)} records"
                          + (f" and {len(metrics)} /metrics scrapes" if metrics else ""))
@@ -136,32 +117,13 @@ def load_run(run_dir: Path, *, gpus: int | None = None, slo: dict | None = None)
     return Run(run_dir, summary, records, metrics, notes)
 
 
-def read_summary(path: Path) -> tuple[dict | None, str]:
-    """summary.json, or None and why it cannot be used ("" when there is none): a run or
-    report stopped by a full disk before summaries were written atomically left 0 bytes."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None, ""
-    except OSError as e:
-        raise InputError(str(path), f"cannot be read ({e.strerror or e})") from None
-    if not data.strip():
-        return None, "empty"
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError as e:
-        return None, f"not valid JSON ({e})"
-    return (doc, "") if isinstance(doc, dict) else (None, "not a JSON object")
-
-
 def read_run_json(run_dir: Path) -> dict | None:
     """run.json (config, target, labels, run metadata; written at the run's start), or None
     for a run from before it existed or one whose file is unreadable."""
     try:
-        meta = orjson.loads((run_dir / RUN_JSON).read_bytes())
-    except (OSError, orjson.JSONDecodeError):
+        return RunDir(run_dir).read_json(RunDir.RUN)[0]
+    except InputError:
         return None
-    return meta if isinstance(meta, dict) else None
 
 
 def measurement_window_s(records: list[dict], auto_warmup: bool = False) -> float:

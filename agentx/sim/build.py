@@ -1,30 +1,30 @@
 """The simulated engine assembled from a SimConfig, in one place for the HTTP server and the
-offline calibration runs: profile resolution, step timing, KV cache, offload tier (and its
+offline runs (sim/offline.py): profile resolution, step timing, KV cache, offload tier (and its
 store policy), speculative decoding, fidelity-mode delays and the /metrics state."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..offload import connector
 from .config import SimConfig
-from .engine import Engine
+from .engine import SimEngine
 from .offload import OffloadTier
 from .profile import Resolved, resolve
 from .specdec import Acceptance, default_rates, rates_from_length
 from .stats import EngineStats
 from .timing import StepTiming
 
-OFFLOAD_BACKEND = {"none": "native", "simple-cpu": "SimpleCPUOffloadConnector",
-                   "mooncake": "MooncakeStoreConnector"}
-
 
 @dataclass
-class SimEngine:
+class BuiltEngine:
+    """The engine with what it was built from (profile, timing) and its /metrics state."""
+
     cfg: SimConfig
     res: Resolved
     max_model_len: int  # the configured one, capped at what the KV pool holds
     timing: StepTiming
     stats: EngineStats
-    engine: Engine
+    engine: SimEngine
 
     def describe(self) -> str:
         """One start-up line, like vLLM's KV cache log line."""
@@ -54,14 +54,16 @@ def acceptance(cfg: SimConfig) -> Acceptance | None:
 
 def offload_tier(cfg: SimConfig, r: Resolved) -> OffloadTier | None:
     """The CPU tier; blocks are stored eagerly (as soon as computed) or lazily (on GPU
-    eviction): --offload-store, by default eager for mooncake and lazy for simple-cpu."""
+    eviction): --offload-store, by default the connector's store policy (agentx.offload)."""
     if cfg.kv_offload == "none":
         return None
-    eager = cfg.offload_store == "eager" if cfg.offload_store else cfg.kv_offload == "mooncake"
-    return OffloadTier(r.offload_blocks, r.block_size, eager=eager)
+    store = connector(cfg.kv_offload).store
+    eager = cfg.offload_store == "eager" if cfg.offload_store else store.eager
+    return OffloadTier(r.offload_blocks, r.block_size, eager=eager,
+                       chunk_tokens=cfg.offload_chunk_tokens or store.chunk_tokens)
 
 
-def build_engine(cfg: SimConfig) -> SimEngine:
+def build_engine(cfg: SimConfig) -> BuiltEngine:
     r = resolve(cfg)
     max_model_len = min(cfg.max_model_len, r.kv_pool_tokens)
     offload = offload_tier(cfg, r)
@@ -73,13 +75,13 @@ def build_engine(cfg: SimConfig) -> SimEngine:
         stats.set_offload_info(r.offload_blocks, lazy=not offload.eager)
     timing = StepTiming(r, cfg.spec_k, offload=cfg.kv_offload)
     fixed = cfg.fixed_ttft_ms is not None
-    engine = Engine(num_blocks=r.num_gpu_blocks, block_size=r.block_size,
-                    max_num_seqs=r.max_num_seqs, max_batched_tokens=r.max_num_batched_tokens,
-                    timing=timing, stats=stats, time_scale=cfg.time_scale, spec=acceptance(cfg),
-                    offload=offload,
-                    fixed_ttft_s=cfg.fixed_ttft_ms / 1e3 if fixed else None,
-                    fixed_itl_s=cfg.fixed_itl_ms / 1e3 if fixed else None)
-    return SimEngine(cfg, r, max_model_len, timing, stats, engine)
+    engine = SimEngine(num_blocks=r.num_gpu_blocks, block_size=r.block_size,
+                       max_num_seqs=r.max_num_seqs, max_batched_tokens=r.max_num_batched_tokens,
+                       timing=timing, stats=stats, time_scale=cfg.time_scale, spec=acceptance(cfg),
+                       offload=offload,
+                       fixed_ttft_s=cfg.fixed_ttft_ms / 1e3 if fixed else None,
+                       fixed_itl_s=cfg.fixed_itl_ms / 1e3 if fixed else None)
+    return BuiltEngine(cfg, r, max_model_len, timing, stats, engine)
 
 
 def cache_config_labels(cfg: SimConfig, r: Resolved, max_model_len: int) -> dict[str, str]:
@@ -92,7 +94,7 @@ def cache_config_labels(cfg: SimConfig, r: Resolved, max_model_len: int) -> dict
             "kv_cache_memory_bytes": str(int(r.kv_pool_bytes_rank)),
             "kv_cache_size_tokens": str(r.kv_pool_tokens),
             "kv_cache_max_concurrency": f"{r.kv_pool_tokens / max_model_len:.1f}",
-            "kv_offloading_backend": OFFLOAD_BACKEND[cfg.kv_offload],
+            "kv_offloading_backend": connector(cfg.kv_offload).vllm_name or "native",
             "kv_offloading_size": f"{r.offload_bytes / 1e9:g}" if off else "None",
             "num_cpu_blocks": str(r.offload_blocks) if off else "None",
             "num_gpu_blocks": str(r.num_gpu_blocks), "num_gpu_blocks_override": "None",

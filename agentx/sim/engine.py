@@ -10,7 +10,7 @@ One asyncio task runs steps back to back, as vLLM's EngineCore does:
   3. apply it: commit filled blocks to the prefix cache, sample 1 (+accepted drafts) tokens
      per decoding request, push them to the request's HTTP handler, retire finished ones.
 All times are wall-clock (perf_counter) of this process; modelled durations are scaled.
-Offline (sim/calibrate) the same steps run on a virtual clock instead: `use_virtual_clock()`,
+Offline (sim/offline.py) the same steps run on a virtual clock instead: `use_virtual_clock()`,
 then `step_offline()` per step, no sleeping. The fidelity mode (fixed TTFT/ITL, no batching
 model) lives in sim/fixed.py; sim/build.py assembles an engine from a SimConfig.
 """
@@ -33,7 +33,7 @@ from .timing import Batch, StepTiming
 _SLACK_S = 0.005
 
 
-class Engine(Scheduler):
+class SimEngine(Scheduler):
     def __init__(self, *, num_blocks: int, block_size: int, max_num_seqs: int, max_batched_tokens: int,
                  timing: StepTiming, stats: EngineStats, time_scale: float = 1.0,
                  spec: Acceptance | None = None, offload: OffloadTier | None = None,

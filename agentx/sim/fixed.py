@@ -15,10 +15,10 @@ from ..aio import sleep_until
 from .request import FINISHED, RUNNING, SimRequest
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .engine import SimEngine
 
 
-async def run_fixed(eng: Engine) -> None:
+async def run_fixed(eng: SimEngine) -> None:
     """The engine's task in fidelity mode: start a timer task per admitted request."""
     loop = asyncio.get_running_loop()
     timers: set[asyncio.Task] = set()  # referenced until done (the loop keeps weak refs only)
@@ -35,7 +35,7 @@ async def run_fixed(eng: Engine) -> None:
         await eng.wake.wait()
 
 
-async def _one(eng: Engine, req: SimRequest) -> None:
+async def _one(eng: SimEngine, req: SimRequest) -> None:
     t = req.arrival_ns / 1e9 + eng.fixed_ttft / eng.scale
     eng.stats.on_prefix_lookup(req.prompt_len, 0, 0, eng.offload is not None)
     while not req.aborted:

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..metrics.dist import dist
+from ..dist import dist
+from ..rundir import RunDir
 from .build import build_engine
 from .config import SimConfig
 from .request import SimRequest
@@ -170,9 +171,9 @@ def h200_runs(data: Path) -> list[tuple[str, SimConfig, list[dict], dict]]:
     out = []
     for name, spec in (("base", {}), ("spec", {"spec_k": 3, "synthetic_al": 2.78})):
         d = data / name
-        recs = [orjson.loads(x) for x in (d / "requests.jsonl").read_bytes().splitlines() if x.strip()]
+        recs = [orjson.loads(x) for x in (d / RunDir.REQUESTS).read_bytes().splitlines() if x.strip()]
         cfg = SimConfig(profile="h200-qwen3-8b-bf16", **spec)
-        out.append((name, cfg, recs, orjson.loads((d / "summary.json").read_bytes())))
+        out.append((name, cfg, recs, orjson.loads((d / RunDir.SUMMARY).read_bytes())))
     return out
 
 

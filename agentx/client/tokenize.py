@@ -1,4 +1,5 @@
-"""Calibrate synthesis against a server's own tokenizer via its /tokenize endpoint.
+"""A token model fitted to a server's own tokenizer through its /tokenize endpoint (the token
+model's mode "calibrated"; not acceptance-length calibration, which is `agentx calibrate`).
 
 Used when the target is not the embedded simulator and no local tokenizer is given: we
 measure how many server tokens one of our words costs and what the chat template adds per
@@ -12,10 +13,10 @@ from typing import Any
 
 import aiohttp
 
-from ..client.http import post_json
-from .blocks import BlockFactory
-from .token_model import TokenModel, measure_overheads
-from .words import WORDS
+from ..prompt.blocks import BlockFactory
+from ..prompt.token_model import TokenModel, measure_overheads
+from ..prompt.words import WORDS
+from .http import post_json
 
 
 async def _count(session: aiohttp.ClientSession, url: str, model: str, messages: list[dict],
@@ -26,7 +27,7 @@ async def _count(session: aiohttp.ClientSession, url: str, model: str, messages:
     return int((await post_json(session, url, body))["count"])
 
 
-async def calibrated_model(session: aiohttp.ClientSession, base_url: str, model: str,
+async def server_token_model(session: aiohttp.ClientSession, base_url: str, model: str,
                            chat_template_kwargs: dict | None = None) -> tuple[TokenModel, dict]:
     url = base_url.rstrip("/") + "/tokenize"
     kw = chat_template_kwargs or {}

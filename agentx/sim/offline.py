@@ -1,11 +1,11 @@
-"""Offline runs of the engine model on a virtual clock, for calibration and the docs table.
+"""Offline runs of the engine model on a virtual clock: the timing anchors and the docs table.
 
 The engine the served simulator runs, built by the same `build.build_engine` (scheduler, KV
 cache, offload tier, roofline), but its steps advance a virtual clock instead of sleeping, so a
 benchmark scenario (closed loop at fixed concurrency, like `vllm bench serve
 --max-concurrency`) takes milliseconds and is deterministic.
 
-    python -m agentx.sim.calibrate          # prints the table of docs/simulator.md §Timing
+    python -m agentx.sim.offline            # prints the table of docs/simulator.md §Timing
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import statistics
 import sys
 from dataclasses import dataclass
 
-from ..metrics.dist import dist
+from ..dist import dist
 from .build import build_engine
 from .config import SimConfig
 from .profile import resolve

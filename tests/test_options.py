@@ -14,11 +14,11 @@ import pytest
 from pydantic import SecretStr, ValidationError
 
 from agentx.cli import build_parser
+from agentx.commands.run import SIM_EXCLUDED, SIM_PREFIX, config_from_args, sim_from_args
+from agentx.commands.serve_sim import config_from_args as sim_config_from_args
 from agentx.config import RunConfig
 from agentx.errors import InputError
 from agentx.options import _strip_optional, cli_fields, flag_of
-from agentx.run_cli import SIM_EXCLUDED, SIM_PREFIX, config_from_args
-from agentx.sim.cli import config_from_args as sim_config_from_args
 from agentx.sim.config import SimConfig
 
 
@@ -78,7 +78,13 @@ def _argv_for(model, prefix: str, exclude=()) -> list[tuple[list[str], str, Any]
 
 
 def _parse_run(*argv: str) -> RunConfig:
-    return config_from_args(build_parser().parse_args(["run", *argv]))
+    ns = build_parser("run").parse_args(["run", *argv])
+    sim_from_args(ns)  # the --sim-* flags are checked too, as `agentx run` does
+    return config_from_args(ns)
+
+
+def _parse_sim(*argv: str) -> SimConfig:
+    return sim_from_args(build_parser("run").parse_args(["run", *argv]))
 
 
 @pytest.mark.parametrize("argv,name,value", _argv_for(RunConfig, ""))
@@ -98,8 +104,7 @@ def test_every_sim_flag_reaches_the_embedded_simulator(argv, name, value):
              "fixed_itl_ms": ["--sim-fixed-ttft-ms", "1"]}.get(name, [])
     if name == "spec_k":
         extra = []
-    cfg = _parse_run(*argv, *extra)
-    assert getattr(cfg.sim, name) == value
+    assert getattr(_parse_sim(*argv, *extra), name) == value
 
 
 @pytest.mark.parametrize("argv,name,value", _argv_for(SimConfig, ""))
@@ -107,17 +112,17 @@ def test_every_serve_sim_flag_reaches_its_field(argv, name, value):
     extra = {"synthetic_al": ["--spec-k", "3"], "synthetic_rates": ["--spec-k", "1"],
              "fixed_ttft_ms": ["--fixed-itl-ms", "1"], "fixed_itl_ms": ["--fixed-ttft-ms", "1"]
              }.get(name, [])
-    ns = build_parser().parse_args(["serve-sim", *argv, *extra])
+    ns = build_parser("serve-sim").parse_args(["serve-sim", *argv, *extra])
     assert getattr(sim_config_from_args(ns), name) == value
 
 
 def test_help_lists_each_field_once():
-    text = build_parser()._subparsers._group_actions[0].choices["run"].format_help()
+    text = build_parser("run")._subparsers._group_actions[0].choices["run"].format_help()
     for name, info in cli_fields(RunConfig):
         assert text.count(flag_of(name, info) + " ") + text.count(flag_of(name, info) + "\n") \
             >= 1, name
     flags = [a.option_strings for a in
-             build_parser()._subparsers._group_actions[0].choices["run"]._actions]
+             build_parser("run")._subparsers._group_actions[0].choices["run"]._actions]
     seen = [f for fs in flags for f in fs]
     assert len(seen) == len(set(seen))
 
@@ -153,7 +158,7 @@ def test_unknown_keys_are_errors():
     with pytest.raises(Exception, match="extra|unknown"):
         RunConfig(conc=2, colour="blue")
     with pytest.raises(Exception, match="extra|unknown"):
-        RunConfig(sim={"spec_kk": 3})
+        SimConfig(spec_kk=3)
     cfg = RunConfig()
     with pytest.raises(ValidationError):
         cfg.conc = -1  # assignments are validated too
@@ -168,9 +173,11 @@ def test_secret_never_in_public_config_and_env_fallback(monkeypatch):
 
 
 def test_typed_config_travels_to_workers():
-    cfg = _parse_run("--conc", "3", "--sim-spec-k", "2", "--extra-body", '{"a": 1}')
+    cfg = _parse_run("--conc", "3", "--extra-body", '{"a": 1}')
     back = pickle.loads(pickle.dumps(cfg))
-    assert back == cfg and isinstance(back.sim, SimConfig) and back.sim.spec_k == 2
+    assert back == cfg and back.extra_body == {"a": 1}
+    sim = _parse_sim("--sim-spec-k", "2")
+    assert pickle.loads(pickle.dumps(sim)) == sim and sim.spec_k == 2
     assert RunConfig.model_validate(cfg.public() | {"api_key": None}) == cfg
 
 

@@ -2,7 +2,6 @@
 listens on loopback and stops cleanly on SIGTERM."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -13,15 +12,14 @@ import time
 import urllib.request
 from pathlib import Path
 
-from agentx.sim.cli import add_parser, config_from_args
+from agentx.cli import build_parser
+from agentx.commands.serve_sim import config_from_args
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def parse(*argv: str):
-    p = argparse.ArgumentParser()
-    add_parser(p.add_subparsers())
-    return config_from_args(p.parse_args(["serve-sim", *argv]))
+    return config_from_args(build_parser("serve-sim").parse_args(["serve-sim", *argv]))
 
 
 def test_serve_sim_flags_reach_the_config():

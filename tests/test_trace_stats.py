@@ -123,7 +123,7 @@ def test_cli_stats_json_and_table(tmp_path, capsys):
     assert "trace x: 1 sessions, 2 turns" in out and "29.9% token-weighted" in out
     assert main(["trace", "stats", str(p), "--lru-capacity", "0"]) == 2
     assert capsys.readouterr().err.strip() == \
-        "error: --lru-capacity: must be a positive token count (got 0)"
+        "error: command line: field '--lru-capacity' input should be greater than 0 (got '0')"
 
 
 # -- the real traces against docs/references.md §1 ---------------------------------------------

@@ -130,8 +130,9 @@ def test_generator_rules():
 
 def test_cli_gen(tmp_path, capsys):
     out = tmp_path / "mini.tar.xz"
-    assert main(["trace", "gen", "--seed", "5", "--sessions", "4", "--out", str(out)]) == 0
+    assert main(["trace", "gen", "--seed", "5", "--sessions", "4", "--output-file", str(out)]) \
+        == 0
     assert "wrote" in capsys.readouterr().out
     ts = load_traces(str(out))
     assert [t.id for t in ts.traces] == ["swe_0001", "swe_0002", "swe_0003", "swe_0004"]
-    assert main(["trace", "gen", "--sessions", "0", "--out", str(out)]) == 2
+    assert main(["trace", "gen", "--sessions", "0", "--output-file", str(out)]) == 2

@@ -33,7 +33,8 @@ class ABConfig(RunConfig):
     point: int = opt(0, "operating point index of a recipe side", group=AB, ge=0)
     recipe_sim: bool = opt(False, "serve recipe sides with the simulator and the recipe's "
                            "sim_profile (the default when neither a GPU nor vLLM is present); "
-                           "--sim-* flags given apply on top", group=AB)
+                           "--sim-* flags given apply on top", flag="sim",
+                           old=("--recipe-sim",), group=AB)
     bootstrap: int = opt(2000, "bootstrap replicates for the 95% intervals", group=AB,
                          ge=100, le=100000)
     min_sessions: int = opt(10, "a side with fewer measured sessions gets no verdict "

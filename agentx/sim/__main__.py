@@ -1,4 +1,5 @@
-"""`python -m agentx.sim [options]`: the same as `agentx serve-sim [options]`."""
+"""`python -m agentx.sim [options]`: the same as `agentx serve-sim [options]` (an entry point
+above the package, like the `agentx` script: the one import of agentx.sim that runs up)."""
 from __future__ import annotations
 
 import sys

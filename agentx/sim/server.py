@@ -15,10 +15,10 @@ from aiohttp import web
 from ..aio import new_event_loop
 from ..errors import InputError
 from .api import SimServer
-from .cli import SOURCE
 from .config import SimConfig
 
 __all__ = ["SimServer", "serve", "run"]
+SOURCE = "serve-sim"  # the command its bind errors name
 
 
 async def serve(cfg: SimConfig, ready=None, stop_event: asyncio.Event | None = None,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import orjson
 
-from ..errors import InputError
+from ..options import StrictModel, add_arguments, from_args, opt
 
 _COLS = ("p10", "p50", "p90", "p99", "mean")
 _LABELS = {"turns_per_session": "turns/session", "first_prompt_tokens": "first prompt",
@@ -18,38 +18,43 @@ _LABELS = {"turns_per_session": "turns/session", "first_prompt_tokens": "first p
            "turns_per_subagent": "turns/subagent"}
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("trace", help="trace statistics and the built-in trace generator")
+class StatsOptions(StrictModel):
+    trace: str = opt("", "built-in name (swe), a Weka JSON file/dir/archive or a Mooncake "
+                     "JSONL", positional=True, metavar="NAME|PATH", min_length=1)
+    as_json: bool = opt(False, "print the statistics as JSON", flag="json")
+    lru_capacity: int | None = opt(None, "also the hit rate of one LRU cache of this many "
+                                   "tokens, the whole set replayed one session after another "
+                                   "(slow on big sets: ~10 s per 70 M blocks)", gt=0,
+                                   metavar="TOKENS")
+
+
+class GenOptions(StrictModel):
+    seed: int | None = opt(None, "default: the shipped trace's seed")
+    sessions: int | None = opt(None, "default: the shipped trace's session count", gt=0)
+    output_file: str | None = opt(None, "default: traces/swe.tar.xz in the repo",
+                                  old=("--out",), metavar="PATH")
+    full_hash_ids: bool = opt(False, "write hash_ids on every turn (for tools without the "
+                              "fallback rule; ~4x slower to load)")
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = __doc__
     tsub = p.add_subparsers(dest="trace_command", required=True)
     s = tsub.add_parser("stats", help="shape statistics and theoretical prefix-cache hit rates")
-    s.add_argument("trace", metavar="NAME|PATH",
-                   help="built-in name (swe), a Weka JSON file/dir/archive or a Mooncake JSONL")
-    s.add_argument("--json", action="store_true", help="print the statistics as JSON")
-    s.add_argument("--lru-capacity", type=int, default=None, metavar="TOKENS",
-                   help="also the hit rate of one LRU cache of this many tokens, the whole set "
-                        "replayed one session after another (slow on big sets: ~10 s per "
-                        "70 M blocks)")
+    add_arguments(s, StatsOptions)
     s.set_defaults(func=stats_main)
     g = tsub.add_parser("gen", help="regenerate the built-in swe trace (seeded, byte-identical)")
-    g.add_argument("--seed", type=int, default=None, help="default: the shipped trace's seed")
-    g.add_argument("--sessions", type=int, default=None,
-                   help="default: the shipped trace's session count")
-    g.add_argument("--out", default=None, help="default: traces/swe.tar.xz in the repo")
-    g.add_argument("--full-hash-ids", action="store_true",
-                   help="write hash_ids on every turn (for tools without the fallback rule; "
-                        "~4x slower to load)")
+    add_arguments(g, GenOptions)
     g.set_defaults(func=gen_main)
 
 
 def stats_main(args: argparse.Namespace) -> int:
-    from .load import load_traces
-    from .stats import trace_stats
+    from ..trace.load import load_traces
+    from ..trace.stats import trace_stats
 
-    if args.lru_capacity is not None and args.lru_capacity <= 0:
-        raise InputError("--lru-capacity", f"must be a positive token count "
-                         f"(got {args.lru_capacity})")
-    st = trace_stats(load_traces(args.trace), args.lru_capacity)
-    if args.json:
+    o = from_args(args, StatsOptions)
+    st = trace_stats(load_traces(o.trace), o.lru_capacity)
+    if o.as_json:
         sys.stdout.write(orjson.dumps(st, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         print_stats(st)
@@ -57,15 +62,14 @@ def stats_main(args: argparse.Namespace) -> int:
 
 
 def gen_main(args: argparse.Namespace) -> int:
-    from .generate import SWE_SEED, SWE_SESSIONS, write_swe
-    from .load import builtin_path
+    from ..trace.generate import SWE_SEED, SWE_SESSIONS, write_swe
+    from ..trace.load import builtin_path
 
-    if args.sessions is not None and args.sessions <= 0:
-        raise InputError("--sessions", f"must be a positive count (got {args.sessions})")
-    out = Path(args.out) if args.out else builtin_path("swe")
-    path = write_swe(out, SWE_SEED if args.seed is None else args.seed,
-                     SWE_SESSIONS if args.sessions is None else args.sessions,
-                     full_hash_ids=args.full_hash_ids)
+    o = from_args(args, GenOptions)
+    out = Path(o.output_file) if o.output_file else builtin_path("swe")
+    path = write_swe(out, SWE_SEED if o.seed is None else o.seed,
+                     SWE_SESSIONS if o.sessions is None else o.sessions,
+                     full_hash_ids=o.full_hash_ids)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
     return 0
 

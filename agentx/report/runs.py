@@ -1,9 +1,8 @@
-"""`agentx report DIR...`: one run -> its console table and PNG plots; several runs (or a
-directory of runs) -> one CSV row each, and the Pareto frontier as PNG and table. A run killed
-before writing summary.json gets it rebuilt from its records first."""
+"""Reports of finished (or killed) runs: one run -> its console table and PNG plots; several
+-> one CSV row each, and the Pareto frontier as PNG and table (`agentx report`, and a sweep's
+closing report)."""
 from __future__ import annotations
 
-import argparse
 import csv
 import os
 from pathlib import Path
@@ -12,62 +11,12 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import InputError
-from ..metrics.goodput import parse_slo
-from ..outdir import register
-from ..target import target_text
-from .console import make_console
+from ..rundir import RunDir
 from .pareto import INTERACTIVITY, frontier_key, mark_frontiers, run_row
-from .rebuild import Run, find_runs, load_run
+from .rebuild import Run
+from .target import target_text
 
 CSV_NAME, PARETO_PNG = "runs.csv", "pareto.png"
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="tables and plots of finished (or killed) runs; the "
-                       "Pareto frontier of several", description=__doc__)
-    p.add_argument("dirs", nargs="+", metavar="DIR",
-                   help="run directories, or directories holding run directories")
-    p.add_argument("--gpus", metavar="N", help="GPUs behind the server, for runs that did not "
-                   "record --gpus (per-GPU columns; default 1)")
-    p.add_argument("--slo", metavar="ttft:MS,tpot:MS,e2el:MS",
-                   help="compute goodput with these SLOs from each run's records")
-    p.add_argument("--goodput", action="store_true",
-                   help="Pareto on goodput tok/s per GPU instead of throughput (needs --slo "
-                   "or runs made with --slo)")
-    p.add_argument("-o", "--out", metavar="DIR", help=f"where {CSV_NAME} and {PARETO_PNG} "
-                   "go (default: the runs' common parent directory)")
-    p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
-                   help="write PNG plots (default: on)")
-    p.set_defaults(func=main)
-
-
-def _options(args: argparse.Namespace) -> tuple[int | None, dict | None]:
-    gpus = None
-    if args.gpus is not None:
-        if not str(args.gpus).isdigit() or int(args.gpus) < 1:
-            raise InputError("command line", f"must be an integer >= 1 (got {args.gpus!r})",
-                             field="--gpus")
-        gpus = int(args.gpus)
-    slo = None
-    if args.slo is not None:
-        try:
-            slo = parse_slo(args.slo)
-        except ValueError as e:
-            raise InputError("command line", f"{e} (got {args.slo!r})", field="--slo") from None
-    return gpus, slo
-
-
-def main(args: argparse.Namespace) -> int:
-    gpus, slo = _options(args)
-    console = make_console()
-    runs = [load_run(d, gpus=gpus, slo=slo) for d in find_runs(args.dirs)]
-    for r in runs:
-        for note in r.notes:
-            console.print(f"agentx report: {r.dir}: {note}")
-    if len(runs) == 1:
-        return report_one(runs[0], console, plots=args.plots)
-    out = Path(args.out) if args.out else common_parent([r.dir for r in runs])
-    return report_many(runs, out, console, goodput=args.goodput, gpus=gpus, plots=args.plots)
 
 
 def report_one(run: Run, console: Console, *, plots: bool = True) -> int:
@@ -78,11 +27,11 @@ def report_one(run: Run, console: Console, *, plots: bool = True) -> int:
         from .plots import latency_cdfs, server_timeseries
 
         title = plot_title(run)
-        made = [latency_cdfs(run.records, run.dir / "latency_cdf.png", title)]
+        made = [latency_cdfs(run.records, run.dir / RunDir.LATENCY_CDF, title)]
         if run.metrics:
-            made.append(server_timeseries(run.metrics, run.dir / "server_timeseries.png",
+            made.append(server_timeseries(run.metrics, run.dir / RunDir.SERVER_TIMESERIES,
                                           title, run.summary, run.records))
-        register(run.dir, *(p.name for p in made))  # --overwrite removes them, nothing else
+        RunDir(run.dir).register(*(p.name for p in made))  # --overwrite removes them, nothing else
         console.print("plots: " + ", ".join(str(p) for p in made))
     return 0
 

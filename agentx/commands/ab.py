@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import argparse
 
+from ..ab.spec import SIDE_FIELDS, ABConfig
 from ..options import add_arguments, build, flag_namer, values_from_args
-from ..run_cli import SIM_EXCLUDED, SIM_PREFIX
 from ..sim.config import SimConfig
-from .spec import SIDE_FIELDS, ABConfig
+from .run import SIM_EXCLUDED, SIM_PREFIX
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("ab", help="compare two servers (URL or recipe) on the same traffic, "
-                       "with bootstrap confidence intervals and a verdict per metric")
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = __doc__
     add_arguments(p, ABConfig, exclude=SIDE_FIELDS)
     add_arguments(p, SimConfig, prefix=SIM_PREFIX, group="simulator (recipe sides on the "
                   "simulator)", exclude=SIM_EXCLUDED)
@@ -28,10 +27,14 @@ def config_from_args(args: argparse.Namespace) -> ABConfig:
 
 
 def main(args: argparse.Namespace) -> int:
-    from .report import print_ab
-    from .run import AB_JSON, run_ab
+    return run(config_from_args(args))
 
-    doc = run_ab(config_from_args(args))
+
+def run(cfg: ABConfig) -> int:
+    from ..ab.report import print_ab
+    from ..ab.run import AB_JSON, run_ab
+
+    doc = run_ab(cfg)
     print_ab(doc)
     print(f"results: {doc['output_dir']}/{AB_JSON}, {doc['plot']}")
     return 0

@@ -1,0 +1,9 @@
+"""`python -m agentx ...`: the same as the `agentx` command."""
+from __future__ import annotations
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""`agentx report DIR...`: one run -> its console table and PNG plots; several runs (or a
+directory of runs) -> one CSV row each, and the Pareto frontier as PNG and table. A run killed
+before writing summary.json gets it rebuilt from its records first."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BeforeValidator
+
+from ..metrics.goodput import slo_option
+from ..options import StrictModel, add_arguments, from_args, opt
+
+
+class ReportOptions(StrictModel):
+    dirs: list[str] = opt(None, "run directories, or directories holding run directories",
+                          factory=list, positional=True, metavar="DIR", min_length=1)
+    gpus: int | None = opt(None, "GPUs behind the server, for runs that did not record --gpus "
+                           "(per-GPU columns; default 1)", ge=1)
+    slo: Annotated[dict[str, float], BeforeValidator(slo_option)] | None = opt(
+        None, "compute goodput with these SLOs from each run's records",
+        metavar="ttft:MS,tpot:MS,e2el:MS")
+    goodput: bool = opt(False, "Pareto on goodput tok/s per GPU instead of throughput (needs "
+                        "--slo or runs made with --slo)")
+    output_dir: str | None = opt(None, "where runs.csv and pareto.png go (default: the runs' "
+                                 "common parent directory)", short="-o", old=("--out",))
+    plots: bool = opt(True, "write PNG plots")
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = __doc__
+    add_arguments(p, ReportOptions)
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    return run(from_args(args, ReportOptions))
+
+
+def run(o: ReportOptions) -> int:
+    from ..report.console import make_console
+    from ..report.rebuild import find_runs, load_run
+    from ..report.runs import common_parent, report_many, report_one
+
+    console = make_console()
+    runs = [load_run(d, gpus=o.gpus, slo=o.slo) for d in find_runs(o.dirs)]
+    for r in runs:
+        for note in r.notes:
+            console.print(f"agentx report: {r.dir}: {note}")
+    if len(runs) == 1:
+        return report_one(runs[0], console, plots=o.plots)
+    out = Path(o.output_dir) if o.output_dir else common_parent([r.dir for r in runs])
+    return report_many(runs, out, console, goodput=o.goodput, gpus=o.gpus, plots=o.plots)

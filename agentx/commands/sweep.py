@@ -1,0 +1,86 @@
+"""`agentx sweep NAME|PATH`: every operating point of a recipe at each concurrency, one
+result directory per cell, then the Pareto report (the logic: agentx.sweep)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pydantic import field_validator
+
+from ..config import SecondsOrAuto
+from ..options import add_arguments, from_args, opt
+from ..rundir import default_dir
+from .recipe import Launch
+
+
+class SweepCommand(Launch):
+    recipe: str = opt("", "recipe name (recipes/NAME.yaml) or file", positional=True,
+                      metavar="NAME|PATH", min_length=1)
+    base_url: str | None = opt(None, "use this running server for every point instead of "
+                               "launching one", metavar="URL")
+    points: list[int] | None = opt(None, "only these operating points (indices)",
+                                   metavar="I,J")
+    conc: list[int] | None = opt(None, "these concurrencies at every point instead of the "
+                                 "recipe's lists", metavar="C,D")
+    output_dir: str | None = opt(None, "default: results/sweep-<time>-<recipe>", short="-o")
+    resume: bool = opt(False, "skip cells whose summary.json exists (and was not rebuilt)")
+    duration_s: float | None = opt(None, "seconds per cell, overriding the recipe's "
+                                   "run.duration_s", flag="duration", ge=0.0, metavar="S")
+    warmup_s: SecondsOrAuto | None = opt(None, "warm-up per cell, overriding the recipe's "
+                                         "run.warmup_s: seconds, or auto (until every lane "
+                                         "has finished its first request)", flag="warmup",
+                                         metavar="S|auto")
+    run_set: list[str] = opt(None, "a run option for every cell (a RunConfig field, YAML "
+                             "value), e.g. think_scale=0.1; repeatable", factory=list,
+                             flag="set", repeat=True, metavar="KEY=VALUE")
+    sim_time_scale: float | None = opt(None, "the simulator runs F x faster than real time "
+                                       "(tests)", gt=0.0, metavar="F")
+
+    @field_validator("run_set")
+    @classmethod
+    def _pairs(cls, v: list[str]) -> list[str]:
+        for item in v:
+            key, eq, _ = item.partition("=")
+            if not eq or not key.strip():
+                raise ValueError(f"expected KEY=VALUE, got {item!r}")
+        return v
+
+    def overrides(self) -> dict:
+        """RunConfig fields every cell takes: --duration, --warmup, then each --set."""
+        from ..yamlconf import load_value
+
+        out: dict = {k: v for k, v in (("duration_s", self.duration_s),
+                                       ("warmup_s", self.warmup_s)) if v is not None}
+        for item in self.run_set:
+            key, _, value = item.partition("=")
+            out[key.strip()] = load_value(value, "command line --set")
+        return out
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = __doc__
+    add_arguments(p, SweepCommand)
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    return run(from_args(args, SweepCommand))
+
+
+def run(o: SweepCommand) -> int:
+    from ..recipe.load import load_recipe
+    from ..sweep.cells import SweepOptions
+    from ..sweep.run import sweep
+
+    recipe, path = load_recipe(o.recipe)
+    out = Path(o.output_dir) if o.output_dir else default_dir(recipe.name, kind="sweep")
+    opts = SweepOptions(output_dir=out, base_url=o.base_url, sim=o.sim, points=o.points,
+                        conc=o.conc, resume=o.resume, run=o.overrides(),
+                        sim_time_scale=o.sim_time_scale, health_timeout=o.health_timeout_s)
+    cells = sweep(recipe, path, opts)
+    failed = [c for c in cells if c.status == "failed"]
+    if failed:
+        print(f"agentx sweep: {len(failed)} of {len(cells)} cell(s) failed (see "
+              f"{out / 'sweep.json'})", file=sys.stderr)
+    return 1 if failed else 0

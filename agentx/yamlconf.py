@@ -73,8 +73,8 @@ def _line_finder(root: yaml.Node | None):
         for part in loc:
             if isinstance(node, yaml.MappingNode):
                 hit = next(((k, v) for k, v in node.value if k.value == str(part)), None)
-                if hit is None:
-                    break
+                if hit is None:  # not a key of the file: a union's tag (kv_offload.<kind>.x)
+                    continue
                 line = hit[0].start_mark.line + 1
                 node = hit[1]
             elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) \

@@ -16,7 +16,7 @@ import pytest
 
 from agentx.cli import main
 from agentx.errors import InputError
-from agentx.recipe import dram
+from agentx.offload import dram
 from agentx.recipe.golden import golden_al
 from agentx.recipe.load import load_recipe, recipe_names, recipes_dir
 from agentx.recipe.render import render
@@ -41,8 +41,7 @@ def test_inferencex_h200_dram_example_exactly():
     b = dram.total_budget(1_471_356, utilization=0.80, gpus_used=8, gpus_per_node=8,
                           cap_mib=2_861_022)
     assert (b.total_gb, b.total_gib) == (1234, 1149)
-    b = dram.mooncake_per_rank(b, ranks=8, page_cache_gib=414, buffer_gib=4)
-    assert b.per_rank_gib == 87
+    assert dram.per_rank_gib(b, ranks=8, page_cache_gib=414, buffer_gib=4) == 87
     text = "\n".join(b.steps)
     assert "GB = 1e9 bytes" in text and "GiB = 2^30 bytes" in text
     assert "1,234 GB" in text and "1,149 GiB" in text and "= 87 GiB" in text
@@ -61,7 +60,7 @@ def test_budget_per_rank_not_positive_is_refused():
     b = dram.total_budget(1_471_356, utilization=0.80, gpus_used=8, gpus_per_node=8,
                           cap_mib=2_861_022)
     with pytest.raises(dram.BudgetError, match=r"per rank is -?\d+ GiB \(<= 0\)"):
-        dram.mooncake_per_rank(b, ranks=8, page_cache_gib=1117, buffer_gib=4)
+        dram.per_rank_gib(b, ranks=8, page_cache_gib=1117, buffer_gib=4)
 
 
 def test_host_dram_mib_reads_meminfo(tmp_path):
@@ -229,7 +228,7 @@ speculative:
   k: 3
   synthetic_al: 2.5
 kv_offload:
-  backend: mooncake
+  kind: mooncake
   host_dram_mib: 1471356
   page_cache_reserve_gib: 414
 points:
@@ -251,7 +250,10 @@ run: {trace: swe, duration_s: 60}
     ("duration_s: 60}", "duration_s: 60, conc: 0}", 15, "run.conc", "greater than or equal to 1"),
     ("duration_s: 60}", "duration_s: 60, trace_file: x}", 15, "run.trace_file", "unknown option"),
     ("duration_s: 60}", "duration_s: 0}", 15, "run.duration_s", "a run must be bounded"),
-    ("  backend: mooncake", "  backend: lmcache", 10, "kv_offload.backend", "'mooncake'"),
+    ("  kind: mooncake", "  kind: lmcachee", 9, "kv_offload",
+     "kind must be one of: none, simple-cpu, mooncake, lmcache"),
+    ("  kind: mooncake", "  kind: lmcache\n  local_buffer_gib: 4", 11,
+     "kv_offload.lmcache.local_buffer_gib", "unknown option"),
     ("gpus: 8\n", "gpus: 8\ngpus: 4\n", 5, "gpus", "key given twice"),
     ("  k: 3\n", "  k: 3\n  k: 2\n", 8, "speculative.k", "key given twice"),
 ])

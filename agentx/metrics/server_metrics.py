@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from agentx import offload
+from agentx import vllm_names as vn
 from agentx.metrics.prom import (
     Snapshot,
     chain,
@@ -18,60 +20,40 @@ from agentx.metrics.prom import (
     counter_delta_by_label,
     counter_resets,
 )
+from agentx.vllm_names import int_label, total
 
-# vLLM sample names (counters as exposed, with _total).
-PREFIX_HITS = "vllm:prefix_cache_hits_total"
-PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
-EXT_HITS = "vllm:external_prefix_cache_hits_total"
-EXT_QUERIES = "vllm:external_prefix_cache_queries_total"
-CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"
-PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
-PROMPT_CACHED = "vllm:prompt_tokens_cached_total"
-PROMPT_TOKENS = "vllm:prompt_tokens_total"
-GEN_TOKENS = "vllm:generation_tokens_total"
-PREEMPTIONS = "vllm:num_preemptions_total"
-REQUEST_SUCCESS = "vllm:request_success_total"
-KV_USAGE = "vllm:kv_cache_usage_perc"
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
-SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-CACHE_CONFIG = "vllm:cache_config_info"
-
-# KV offload connectors (names checked against vLLM sources, see docs).
-SIMPLE_LOAD_BLOCKS = "vllm:simple_kv_offload_load_blocks_total"  # {phase=issued|completed}
-SIMPLE_SAVE_OUTCOMES = "vllm:simple_kv_offload_save_outcomes_total"  # {outcome=...}
-SIMPLE_INFO = "vllm:simple_kv_offload_info"  # {capacity_blocks, backend, ...}
-OFFLOAD_LOAD_BYTES = "vllm:kv_offload_load_bytes_total"
-OFFLOAD_STORE_BYTES = "vllm:kv_offload_store_bytes_total"
-OFFLOAD_LEGACY_BYTES = "vllm:kv_offload_total_bytes_total"  # {transfer_type=CPU_to_GPU|GPU_to_CPU}
-MOONCAKE_KEYS = "vllm:mooncake_store_operation_keys_total"  # {operation, status}
-MOONCAKE_FAILED_KEYS = "vllm:mooncake_store_operation_failed_keys_total"
+# The sample names this reader looks up: counters as exposed, with _total (names: vllm_names).
+PREFIX_HITS, PREFIX_QUERIES = total(vn.PREFIX_HITS), total(vn.PREFIX_QUERIES)
+EXT_HITS, EXT_QUERIES = total(vn.EXT_HITS), total(vn.EXT_QUERIES)
+CACHED_BY_SOURCE = total(vn.CACHED_BY_SOURCE)
+PROMPT_BY_SOURCE = total(vn.PROMPT_BY_SOURCE)
+PROMPT_CACHED = total(vn.PROMPT_CACHED)
+PROMPT_TOKENS = total(vn.PROMPT_TOKENS)
+GEN_TOKENS = total(vn.GEN_TOKENS)
+PREEMPTIONS = total(vn.PREEMPTIONS)
+REQUEST_SUCCESS = total(vn.REQUEST_SUCCESS)
+KV_USAGE, RUNNING, WAITING = vn.KV_USAGE, vn.RUNNING, vn.WAITING
+WAITING_BY_REASON = vn.WAITING_BY_REASON
+SPEC_DRAFTS = total(vn.SPEC_DRAFTS)
+SPEC_DRAFT_TOKENS = total(vn.SPEC_DRAFT_TOKENS)
+SPEC_ACCEPTED = total(vn.SPEC_ACCEPTED)
+SPEC_PER_POS = total(vn.SPEC_PER_POS)
+CACHE_CONFIG = vn.CACHE_CONFIG
+OFFLOAD_LOAD_BYTES, OFFLOAD_STORE_BYTES = total(vn.OFFLOAD_LOAD_BYTES), total(vn.OFFLOAD_STORE_BYTES)
+OFFLOAD_LEGACY_BYTES = total(vn.OFFLOAD_LEGACY_BYTES)
 
 # Server-side latency histograms: mean over the window = Δsum / Δcount.
 LATENCY_HISTOGRAMS = {
-    "ttft_s": "vllm:time_to_first_token_seconds",
-    "itl_s": "vllm:inter_token_latency_seconds",
-    "tpot_s": "vllm:request_time_per_output_token_seconds",
-    "e2e_s": "vllm:e2e_request_latency_seconds",
-    "queue_s": "vllm:request_queue_time_seconds",
-    "prefill_s": "vllm:request_prefill_time_seconds",
-    "decode_s": "vllm:request_decode_time_seconds",
+    "ttft_s": vn.TTFT,
+    "itl_s": vn.ITL,
+    "tpot_s": vn.TPOT,
+    "e2e_s": vn.E2E,
+    "queue_s": vn.QUEUE_TIME,
+    "prefill_s": vn.PREFILL_TIME,
+    "decode_s": vn.DECODE_TIME,
 }
 
-# Families whose absence means "this is not a vLLM-compatible /metrics".
-CORE_FAMILIES = (
-    "vllm:prefix_cache_queries",
-    "vllm:prefix_cache_hits",
-    "vllm:kv_cache_usage_perc",
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-    "vllm:num_preemptions",
-    "vllm:prompt_tokens",
-    "vllm:generation_tokens",
-)
+CORE_FAMILIES = vn.CORE_FAMILIES
 
 _IGNORED_FAMILY_PREFIXES = ("python_", "process_")
 
@@ -232,13 +214,6 @@ def _pos_key(p: str) -> tuple[int, str]:
         return (1 << 30, p)
 
 
-def _int_label(labels: dict[str, str], key: str) -> int | None:
-    try:
-        return int(float(labels[key]))
-    except (KeyError, ValueError):
-        return None  # vLLM writes "None" for unset values
-
-
 def kv_pool(snap: Snapshot) -> dict:
     """KV pool from ``vllm:cache_config_info`` labels: num_gpu_blocks × block_size.
 
@@ -249,8 +224,8 @@ def kv_pool(snap: Snapshot) -> dict:
     per_engine: dict[str, int] = {}
     block_size: int | None = None
     for labels, _ in snap.select(CACHE_CONFIG):  # carries no model_name label
-        blocks, bs = _int_label(labels, "num_gpu_blocks"), _int_label(labels, "block_size")
-        tokens = blocks * bs if blocks is not None and bs is not None else _int_label(
+        blocks, bs = int_label(labels, "num_gpu_blocks"), int_label(labels, "block_size")
+        tokens = blocks * bs if blocks is not None and bs is not None else int_label(
             labels, "kv_cache_size_tokens")
         if tokens is None:
             continue
@@ -263,37 +238,34 @@ def kv_pool(snap: Snapshot) -> dict:
 
 
 def _offload(snaps: list[Snapshot], flt: dict) -> dict:
-    """Signals that KV came back from an offload tier, per connector.
+    """Signals that KV came back from an offload tier: vLLM's generic ones, then each
+    connector's own (agentx.offload: `Connector.loads` / `.stores`).
 
-    ``hits_observed`` is True if any signal moved, False if signals exist but
+    ``hits_observed`` is True if any load signal moved, False if signals exist but
     stayed flat, None if the server exposes none of them. The generic one is
     ``vllm:external_prefix_cache_hits`` (the only one SimpleCPUOffload moved in
-    vLLM 0.24, docs/references.md §5); the connector-specific ones confirm which tier.
+    vLLM 0.24, docs/references.md §5, and the only one LMCache moves in 0.32); the
+    connector-specific ones confirm which tier.
     """
-    signals = {
+    signals: dict[str, float | None] = {
         "external_prefix_cache_hits": counter_delta(snaps, EXT_HITS, **flt),
         "cached_tokens_not_device": _non_device(counter_delta_by_label(
             snaps, CACHED_BY_SOURCE, "source", **flt)),
         "prompt_tokens_external_kv_transfer": counter_delta(
             snaps, PROMPT_BY_SOURCE, source="external_kv_transfer", **flt),
-        "simple_kv_offload_blocks_loaded": counter_delta(
-            snaps, SIMPLE_LOAD_BLOCKS, phase="completed", **flt),
         "kv_offload_load_bytes": _first_not_none(
             counter_delta(snaps, OFFLOAD_LOAD_BYTES, **flt),
             counter_delta(snaps, OFFLOAD_LEGACY_BYTES, transfer_type="CPU_to_GPU", **flt)),
-        "mooncake_keys_loaded": counter_delta(
-            snaps, MOONCAKE_KEYS, operation="load_get", status="ok", **flt),
     }
-    stores = {
-        "simple_kv_offload_blocks_stored": counter_delta(
-            snaps, SIMPLE_SAVE_OUTCOMES, outcome="stored", **flt),
+    stores: dict[str, float | None] = {
         "kv_offload_store_bytes": _first_not_none(
             counter_delta(snaps, OFFLOAD_STORE_BYTES, **flt),
             counter_delta(snaps, OFFLOAD_LEGACY_BYTES, transfer_type="GPU_to_CPU", **flt)),
-        "mooncake_keys_saved": counter_delta(
-            snaps, MOONCAKE_KEYS, operation="save_put", status="ok", **flt),
-        "mooncake_failed_keys": counter_delta(snaps, MOONCAKE_FAILED_KEYS, **flt),
     }
+    for c in offload.CONNECTORS:
+        for out, declared in ((signals, c.loads), (stores, c.stores)):
+            for s in declared:
+                out[s.key] = counter_delta(snaps, s.sample, **s.labels, **flt)
     present = [v for v in signals.values() if v is not None]
     return {
         "hits_observed": (any(v > 0 for v in present) if present else None),

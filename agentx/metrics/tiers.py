@@ -8,7 +8,13 @@ Sources, first found wins:
   * `vllm:cache_config_info{num_cpu_blocks, kv_offloading_backend}` where a server fills
     num_cpu_blocks (the simulator does; vLLM 0.32 leaves it "None", vllm/config/cache.py).
 Tokens = blocks x the GPU block size (`cache_config_info{block_size}`): the CPU pool is
-derived from the GPU's KV cache config, same block size (`_derive_cpu_config`).
+derived from the GPU's KV cache config, same block size (`_derive_cpu_config`). Where the
+server names its connector (`kv_offloading_backend`: the simulator writes the kv_connector
+name), the store mode is that connector's policy (agentx.offload); else eager.
+LMCache (LMCacheConnectorV1) on vLLM 0.32 exposes neither its size nor its store mode: give
+`--offload-tokens` (LMCACHE_MAX_LOCAL_CPU_SIZE GiB x ranks over the KV bytes of one token);
+it stores eagerly. Its 256-token chunks are not modelled by the theory (a hit may end up to
+one chunk earlier than the theory's; agentx.sim models them).
 vLLM 0.24.0 exposes neither (vllm/v1/simple_kv_offload/ has no metrics.py yet, and nothing sets
 `CacheConfig.num_cpu_blocks`): give its tier with `--offload-tokens`, the connector's
 `cpu_bytes_to_use` over one token's KV bytes (its log says "Allocating N CPU blocks").
@@ -18,21 +24,14 @@ replay test and bench/tier_replay.py).
 """
 from __future__ import annotations
 
+from agentx import offload
 from agentx.metrics.prom import Snapshot
 from agentx.prefix_cache import Admission, TieredCache
 from agentx.prompt.synth import Conversation, SynthConfig
 from agentx.prompt.token_model import builtin_model
 from agentx.trace.model import Subagent, Trace, TraceSet, Turn
-
-SIMPLE_INFO = "vllm:simple_kv_offload_info"
-CACHE_CONFIG = "vllm:cache_config_info"
-
-
-def _int(labels: dict[str, str], key: str) -> int | None:
-    try:
-        return int(float(labels[key]))
-    except (KeyError, ValueError):
-        return None  # vLLM writes "None" for unset values
+from agentx.vllm_names import CACHE_CONFIG, SIMPLE_INFO
+from agentx.vllm_names import int_label as _int
 
 
 def offload_tier(snap: Snapshot | None) -> dict:
@@ -55,8 +54,9 @@ def offload_tier(snap: Snapshot | None) -> dict:
                 "offload_source": SIMPLE_INFO}
     cpu = [n for labels, _ in snap.select(CACHE_CONFIG) if (n := _int(labels, "num_cpu_blocks"))]
     if cpu:
-        # Mooncake stores every computed block (eager); SimpleCPUOffload defaults to eager too
-        return {"offload_tokens": sum(cpu) * block_size, "offload_eager": True,
+        c = offload.by_vllm_name(backend)  # unknown: eager (vLLM's SimpleCPUOffload default)
+        return {"offload_tokens": sum(cpu) * block_size,
+                "offload_eager": c.store.eager if c is not None else True,
                 "offload_source": CACHE_CONFIG}
     return out
 

@@ -4,12 +4,11 @@ summary.json as they read their own results.
 Field names and values follow the agentic-coding result rows of InferenceX
 (github.com/SemiAnalysisAI/InferenceX: `framework`, `spec_decoding`, `disagg`,
 `scenario_type`, `kv_offloading`, `allocated_cpu_dram_gb`, ...); the DRAM figure is the
-recipe's own arithmetic (recipe/dram.py, the same TOTAL_CPU_DRAM_GB the scripts compute).
+recipe's own arithmetic (agentx/offload/dram.py, the same TOTAL_CPU_DRAM_GB the scripts compute).
 """
 from __future__ import annotations
 
 from ..metrics.definitions import METRICS
-from . import dram
 from .render import tier
 from .schema import Point, Recipe
 
@@ -33,9 +32,7 @@ def allocated_cpu_dram_gb(recipe: Recipe, point: Point) -> int | None:
         t = tier(recipe, point)
     except (ValueError, OSError):  # a refused budget (BudgetError) or no /proc/meminfo
         return None
-    if t.budget is not None:
-        return t.budget.total_gb
-    return t.cpu_bytes // dram.GB if t.cpu_bytes is not None else None
+    return t.allocated_gb
 
 
 def request_metrics(summary: dict, gpus: int) -> dict:
@@ -50,7 +47,7 @@ def request_metrics(summary: dict, gpus: int) -> dict:
 
 def inferencex_fields(recipe: Recipe, point: Point, conc: int, summary: dict) -> dict:
     """The fields to merge into a cell's summary.json."""
-    backend = point.kv_offload or recipe.kv_offload.backend
+    backend = recipe.offload(point).kind
     server = summary.get("server_metrics") or {}
     pool = (summary.get("cache") or {}).get("kv_pool_tokens") or server.get("kv_pool_tokens")
     return {

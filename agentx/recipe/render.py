@@ -3,8 +3,8 @@
 The output is what a user pastes on the GPU host and what `serve` launches: one argv (shown
 with shlex.join, so it round-trips through a POSIX shell), the environment it adds, files to
 write first (the Mooncake store config) and side processes to start first (`mooncake_master`).
-Flag names and JSON keys are vLLM's (0.32, `vllm serve --help` and vllm/config/*.py); the
-Mooncake and SimpleCPUOffload settings follow InferenceX's agentic vLLM scripts.
+Flag names and JSON keys are vLLM's (0.32, `vllm serve --help` and vllm/config/*.py); each KV
+connector renders its own part (agentx.offload).
 """
 from __future__ import annotations
 
@@ -17,13 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
-from . import dram
+from ..offload import Tier, dram
 from .golden import golden_al
 from .schema import Point, Recipe, spec_k
 
-# InferenceX starts mooncake_master on the server port + 12000.
-MOONCAKE_PORT_OFFSET = 12000
-MOONCAKE_CONFIG_NAME = "mooncake_config.json"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -209,73 +206,21 @@ def golden_pin(recipe: Recipe, k: int | None, recipe_dir: Path) -> dict | None:
             "al": golden_al(path, golden_key(recipe), recipe.thinking, k)}
 
 
-@dataclass
-class Tier:
-    """The CPU KV tier of a point: backend, its DRAM arithmetic and the bytes it gets."""
-
-    backend: str
-    ranks: int = 1
-    budget: dram.DramBudget | None = None
-    cpu_bytes: int | None = None  # SimpleCPUOffload cpu_bytes_to_use
-
-    @property
-    def total_bytes(self) -> int | None:
-        """Bytes of the whole tier (Mooncake: every rank's segment)."""
-        if self.backend == "mooncake" and self.budget is not None:
-            return self.budget.per_rank_gib * dram.GIB * self.ranks
-        return self.cpu_bytes
-
-
 def tier(recipe: Recipe, point: Point, host_mib: int | None = None) -> Tier:
     """Work out the point's tier; `host_mib` overrides the recipe's host DRAM."""
-    o = recipe.kv_offload
-    t = Tier(point.kv_offload or o.backend, ranks=point.gpus)
-    if t.backend == "none":
-        return t
-    if t.backend == "simple-cpu" and o.cpu_bytes is not None:
-        t.cpu_bytes = o.cpu_bytes
-        return t
-    mib = host_mib or (dram.host_dram_mib() if o.host_dram_mib == "auto" else o.host_dram_mib)
-    t.budget = dram.total_budget(mib, utilization=o.dram_utilization, gpus_used=point.gpus,
-                                 gpus_per_node=o.gpus_per_node, cap_mib=o.dram_cap_mib)
-    if t.backend == "simple-cpu":
-        t.cpu_bytes = dram.simple_cpu_bytes(t.budget, point.gpus).cpu_bytes
-    else:
-        dram.mooncake_per_rank(t.budget, ranks=point.gpus,
-                               page_cache_gib=o.page_cache_reserve_gib,
-                               buffer_gib=o.local_buffer_gib)
-    return t
+    return recipe.offload(point).plan(point.gpus, host_mib)
 
 
 def _kv_offload(recipe: Recipe, point: Point, port: int, workdir: Path,
                 host_mib: int | None, out: Rendered) -> dict | None:
-    o = recipe.kv_offload
-    t = tier(recipe, point, host_mib)
-    out.kv_offload, out.offload_bytes = t.backend, t.total_bytes
+    c = recipe.offload(point)
+    t = c.plan(point.gpus, host_mib)
+    out.kv_offload, out.offload_bytes = t.kind, t.total_bytes
+    out.allocated_dram_gb = t.allocated_gb
     if t.budget is not None:
-        out.dram_steps, out.allocated_dram_gb = t.budget.steps, t.budget.total_gb
-    elif t.cpu_bytes is not None:
-        out.allocated_dram_gb = t.cpu_bytes // dram.GB
-    if t.backend == "none":
-        return None
-    if t.backend == "simple-cpu":
-        out.env["VLLM_USE_SIMPLE_KV_OFFLOAD"] = "1"
-        return {"kv_connector": "SimpleCPUOffloadConnector", "kv_role": "kv_both",
-                "kv_connector_extra_config": {"cpu_bytes_to_use": t.cpu_bytes,
-                                              "lazy_offload": o.lazy_offload}}
-    master_port = o.mooncake_master_port or port + MOONCAKE_PORT_OFFSET
-    config_path = str(workdir / MOONCAKE_CONFIG_NAME)
-    out.files[config_path] = json.dumps({
-        "mode": "embedded", "metadata_server": "P2PHANDSHAKE",
-        "master_server_address": f"127.0.0.1:{master_port}",
-        "global_segment_size": f"{t.budget.per_rank_gib}GB",
-        "local_buffer_size": f"{o.local_buffer_gib}GB",
-        "protocol": o.mooncake_protocol, "device_name": o.mooncake_device,
-        "enable_offload": False}, indent=2) + "\n"
-    out.sidecars.append(["mooncake_master", "--port", str(master_port),
-                         f"--eviction_high_watermark_ratio={o.eviction_high_watermark_ratio:.2f}",
-                         f"--eviction_ratio={o.eviction_ratio:.2f}"])
-    # identical prefixes must hash to identical store keys in every rank
-    out.env.update({"MOONCAKE_CONFIG_PATH": config_path, "PYTHONHASHSEED": "0"})
-    return {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both",
-            "kv_connector_extra_config": {"load_async": True}}
+        out.dram_steps = t.budget.steps
+    launch = c.render(t, port=port, workdir=workdir)
+    out.env.update(launch.env)
+    out.files.update(launch.files)
+    out.sidecars += launch.sidecars
+    return launch.kv_transfer_config

@@ -9,14 +9,15 @@ turns into the same one-line error at the offending key (see recipe/load.py).
 from __future__ import annotations
 
 from copy import copy
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import Field, ValidationError, create_model, model_validator
+from pydantic import ValidationError, create_model, model_validator
 
 from ..config import RunConfig
+from ..offload import NoOffload, Offload
+from ..offload.base import Connector
 from ..options import FieldError, StrictModel, input_error, opt
 
-Backend = Literal["none", "simple-cpu", "mooncake"]
 MAX_K = 16  # as the simulator's spec_k bound; vLLM itself only requires K > 0
 
 
@@ -77,31 +78,6 @@ class Speculative(StrictModel):
         return self
 
 
-class KVOffload(StrictModel):
-    """The CPU tier and its DRAM budget, computed as InferenceX's agentic scripts do."""
-
-    backend: Backend = opt("none", "none | simple-cpu (SimpleCPUOffloadConnector) | mooncake "
-                           "(MooncakeStoreConnector)")
-    host_dram_mib: Annotated[int, Field(ge=1)] | Literal["auto"] = opt(
-        "auto", "host DRAM in MiB; auto = this machine's MemTotal at render time")
-    dram_cap_mib: int = opt(2_861_022, "cap on host DRAM counted (InferenceX)", ge=1)
-    dram_utilization: float = opt(0.80, "share of host DRAM given to the KV tier", gt=0.0,
-                                  le=1.0)
-    gpus_per_node: int = opt(8, "GPUs sharing the host's DRAM", ge=1)
-    page_cache_reserve_gib: int = opt(0, "GiB left for the checkpoint's page cache", ge=0)
-    local_buffer_gib: int = opt(4, "Mooncake local_buffer_size per rank, GiB", ge=1)
-    lazy_offload: bool = opt(True, "SimpleCPUOffload: store evicted blocks lazily")
-    cpu_bytes: int | None = opt(None, "SimpleCPUOffload: fixed cpu_bytes_to_use instead of "
-                                "the DRAM budget", ge=1)
-    mooncake_master_port: int | None = opt(None, "default: server port + 12000 (InferenceX)",
-                                           ge=1, le=65535)
-    mooncake_protocol: str = opt("rdma", "Mooncake transfer protocol (rdma | tcp)")
-    mooncake_device: str = opt("", "Mooncake RDMA device names, comma-separated")
-    eviction_high_watermark_ratio: float = opt(0.80, "mooncake_master eviction watermark",
-                                               gt=0.0, le=1.0)
-    eviction_ratio: float = opt(0.10, "mooncake_master share evicted per pass", gt=0.0, le=1.0)
-
-
 class Point(StrictModel):
     """One server configuration of the search space, run at each of its concurrencies."""
 
@@ -113,7 +89,8 @@ class Point(StrictModel):
     dp_attention: bool = opt(False, "data-parallel attention (dp > 1, tp = 1 per rank)")
     isl: int | None = opt(None, "nominal input length, for K-map rules", ge=1)
     conc: list[int] = opt(..., "concurrencies to run", min_length=1)
-    kv_offload: Backend | None = opt(None, "override the recipe's kv_offload.backend")
+    kv_offload: Offload | None = opt(None, "this point's CPU KV tier: a connector kind "
+                                     "(`simple-cpu`) or a full kv_offload section")
     spec: bool = opt(True, "use the recipe's speculative decoding at this point")
 
     @model_validator(mode="after")
@@ -164,7 +141,8 @@ class Recipe(StrictModel):
     default_chat_template_kwargs: dict[str, Any] = opt(
         None, "--default-chat-template-kwargs, e.g. {enable_thinking: true}", factory=dict)
     speculative: Speculative | None = opt(None, "speculative decoding")
-    kv_offload: KVOffload = opt(None, "CPU KV tier", factory=KVOffload)
+    kv_offload: Offload = opt(None, "CPU KV tier: `kind` (a connector of agentx.offload) and "
+                              "its options", factory=NoOffload)
     points: list[Point] = opt(..., "the operating points (search space)", min_length=1)
     sim_profile: str | None = opt(None, "simulator profile for runs without GPU or vLLM")
     run: RunOptions = opt(None, "run options for every cell (RunConfig fields)",  # type: ignore[valid-type]
@@ -175,6 +153,19 @@ class Recipe(StrictModel):
     def thinking(self) -> bool:
         """The server's default thinking mode (chat templates default to thinking on)."""
         return bool(self.default_chat_template_kwargs.get("enable_thinking", True))
+
+    def offload(self, point: Point) -> Connector:
+        """The point's connector: its own kv_offload, else the recipe's. A point naming only
+        a kind takes the recipe's section when the kind is the same, else that connector's
+        defaults with the recipe's settings of the options it shares (the DRAM budget)."""
+        p, base = point.kv_offload, self.kv_offload
+        if p is None:
+            return base
+        if p.kind == base.kind and p.model_fields_set <= {"kind"}:
+            return base
+        shared = {k: v for k, v in base.model_dump(exclude_unset=True).items()
+                  if k != "kind" and k in type(p).model_fields and k not in p.model_fields_set}
+        return p.model_copy(update=shared)
 
     def run_options(self) -> dict:
         """The run options the recipe sets, as RunConfig keys."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..sim.config import SimConfig
-from .render import synthetic_al, tier
+from .render import synthetic_al
 from .schema import Recipe, spec_k
 
 
@@ -34,17 +34,15 @@ def sim_options(recipe: Recipe, point_index: int, conc: int | None = None, *,
             al = synthetic_al(recipe, k, Path(recipe_dir), [])
             if al is not None:
                 opts["synthetic_al"] = al
-        if recipe.kv_offload.host_dram_mib != "auto" or recipe.kv_offload.cpu_bytes:
-            t = tier(recipe, point)  # "auto" would read this machine, not the recipe's host
-            opts["kv_offload"] = t.backend
+        c = recipe.offload(point)
+        opts["kv_offload"] = c.kind
+        if c.enabled and not c.reads_host():  # it would read this machine, not the recipe's
+            t = c.plan(point.gpus)
             if t.total_bytes is not None:
                 opts["offload_gb"] = t.total_bytes / 1e9
-        else:
-            opts["kv_offload"] = point.kv_offload or recipe.kv_offload.backend
+        opts.update(c.sim_options())
     except ValueError as e:
         raise InputError(source, str(e)) from None
-    if opts.get("kv_offload") == "simple-cpu":
-        opts["offload_store"] = "lazy" if recipe.kv_offload.lazy_offload else "eager"
     SimConfig.model_validate(opts)
     return opts
 

@@ -10,11 +10,11 @@ from typing import Literal
 
 from pydantic import model_validator
 
+from ..offload import Kind
 from ..options import FieldError, StrictModel, opt
 
 FAIL_KINDS: tuple[str, ...] = ("429", "500", "503", "reset", "stall", "malformed", "slow-headers")
 FailKind = Literal["429", "500", "503", "reset", "stall", "malformed", "slow-headers"]
-OFFLOAD_BACKENDS: tuple[str, ...] = ("none", "simple-cpu", "mooncake")
 
 SERVER, HW, SPEC, OFFLOAD, TIME, FAULTS = ("server", "hardware and model", "speculative decoding",
                                            "KV offload tier", "time", "fault injection")
@@ -65,13 +65,15 @@ class SimConfig(StrictModel):
                                               "(non-increasing)", group=SPEC)
 
     # --- KV offload tier ---
-    kv_offload: Literal["none", "simple-cpu", "mooncake"] = opt("none", "CPU offload tier",
-                                                                group=OFFLOAD)
+    kv_offload: Kind = opt("none", "CPU offload tier: its connector", group=OFFLOAD)
     offload_gb: float | None = opt(None, "CPU tier size in GB (default: profile)",
                                    group=OFFLOAD, ge=0.0)
     offload_store: Literal["eager", "lazy"] | None = opt(
-        None, "when blocks are copied to the tier (default: simple-cpu lazy, mooncake eager)",
-        group=OFFLOAD)
+        None, "when blocks are copied to the tier (default: the connector's; simple-cpu lazy, "
+        "mooncake and lmcache eager)", group=OFFLOAD)
+    offload_chunk_tokens: int | None = opt(
+        None, "tier hits come back in whole chunks of this many tokens (default: the "
+        "connector's; lmcache 256, others one GPU block)", group=OFFLOAD, ge=1)
 
     # --- time ---
     time_scale: float = opt(1.0, "run F x faster than real time (tests)", group=TIME, gt=0.0)

@@ -4,8 +4,13 @@ Blocks are tracked by their chained hash only: the tier holds no data, just whic
 could be loaded back instead of recomputed. It is an LRU of fixed capacity (in blocks).
 - lazy store (SimpleCPUOffload `lazy_offload: true`): a block is copied to the CPU when the GPU
   pool evicts it, so the tier only holds what fell out of the GPU;
-- eager store (Mooncake store, SimpleCPUOffload default): every newly computed full block is
-  copied right away, so the tier mirrors recent GPU content too.
+- eager store (Mooncake store, LMCache, SimpleCPUOffload default): every newly computed full
+  block is copied right away, so the tier mirrors recent GPU content too;
+- chunked hits (LMCache, `chunk_tokens` = LMCACHE_CHUNK_SIZE, 256 by default): a lookup counts
+  the prompt's leading tokens found in whole chunks, so a hit ends on a chunk boundary
+  (agentx/offload/lmcache.py has the source). The tier still holds GPU blocks, so a chunk is
+  present when all its blocks are.
+Which connector does what is its store policy (agentx.offload, `Connector.store`).
 The same order, over content keys, is the client's agentx.prefix_cache.TieredCache (what
 validation expects; tests/test_sim_offload.py checks this tier against it, the lazy path one
 eviction at a time as `PrefixCache.store_each`). Both follow SimpleCPUOffload's manager,
@@ -38,10 +43,12 @@ from typing import Sequence
 
 
 class OffloadTier:
-    def __init__(self, capacity_blocks: int, block_size: int, eager: bool) -> None:
+    def __init__(self, capacity_blocks: int, block_size: int, eager: bool,
+                 chunk_tokens: int | None = None) -> None:
         self.capacity = max(0, capacity_blocks)
         self.block_size = block_size
         self.eager = eager
+        self.chunk_tokens = chunk_tokens
         self.blocks: OrderedDict[int, None] = OrderedDict()  # least recently used first
         self.pins: dict[int, int] = {}  # blocks a pending load reads -> loads: not evictable
         self.stored_blocks = 0  # cumulative GPU->CPU block copies
@@ -84,14 +91,18 @@ class OffloadTier:
         if not self.eager:
             self.store(h)
 
-    def match(self, hashes: Sequence[int], limit: int) -> int:
-        """Leading blocks of `hashes` (at most `limit`) present in the tier."""
+    def match(self, hashes: Sequence[int], limit: int, start: int = 0) -> int:
+        """Leading blocks of `hashes` (at most `limit`) present in the tier; `hashes` begin
+        `start` blocks into the prompt, which places the chunk boundaries a hit ends on."""
         n = 0
         blocks = self.blocks
         for h in hashes:
             if n >= limit or h not in blocks:
                 break
             n += 1
+        if self.chunk_tokens and n:
+            bs, chunk = self.block_size, self.chunk_tokens
+            n = max(0, (start + n) * bs // chunk * chunk // bs - start)
         return n
 
     def pin(self, hashes: Sequence[int]) -> None:

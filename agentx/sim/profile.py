@@ -13,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import InputError
+from ..offload import connector
 from ..options import StrictModel
 from ..yamlconf import load_model, read_text
 from .config import SimConfig
@@ -61,12 +62,17 @@ class Calibration(StrictModel):
     spec_per_seq_us: float = 0.0  # extra per sequence per step under speculative decoding
     draft_pass_overhead_us: float = 40.0  # per draft forward pass
     non_kv_reserve_gib: float = 2.0  # activations, CUDA graphs, NCCL buffers per GPU
-    simple_cpu_load_gbps: float = 14.0  # effective CPU->GPU load rate of SimpleCPUOffload, per GPU
-    mooncake_load_gbps: float = 20.0  # effective Mooncake store get rate into the GPU, per GPU
+    # effective CPU->GPU load rate per GPU, by connector kind (default: the connector's own
+    # figure, agentx.offload: `Connector.load_gbps`)
+    offload_load_gbps: dict[str, float] = {}
     # the API server's work before a request reaches the engine (HTTP, chat template,
     # tokenisation), served requests only: fixed + per prompt token
     frontend_ms: float = 0.0
     frontend_us_per_prompt_token: float = 0.0
+
+    def load_gbps(self, kind: str) -> float | None:
+        """The tier's load rate into one GPU, GB/s; None for no connector (or none given)."""
+        return self.offload_load_gbps.get(kind) or connector(kind).load_gbps
 
 
 class EngineDefaults(StrictModel):

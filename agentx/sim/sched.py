@@ -150,7 +150,7 @@ class Scheduler:
         host = 0
         if offload is not None:
             offload.unpin(req.tier_pin)  # a pin left by a lookup that could not be admitted
-            host = offload.match(hashes[dev:], limit - dev)
+            host = offload.match(hashes[dev:], limit - dev, start=dev)
             req.tier_pin = hashes[dev:dev + host]
             offload.pin(req.tier_pin)
         blocks = pool.touch(hashes[:dev])  # reference hits before allocating can evict them

@@ -4,8 +4,9 @@ Rendered by prometheus_client from a private registry per simulator (so several 
 simulators can live in one process), which yields the same text as vLLM: counters as
 `<name>_total` plus a `<name>_created` gauge, histograms with `_bucket{le=...}`/`_count`/`_sum`,
 labels `engine` and `model_name`. Families and buckets follow a real vLLM 0.32 scrape
-(tests/data/vllm-samples/metrics_after.txt). Offload families depend on the backend,
-see docs/simulator.md §Metrics.
+(tests/data/vllm-samples/metrics_after.txt). Names come from agentx.vllm_names (the reader's
+too); a KV connector's own families are its class's (agentx.offload), see docs/simulator.md
+§Metrics.
 """
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ from prometheus_client import (
     process_collector,
 )
 
+from .. import vllm_names as vn
+from ..offload import connector
+
 if TYPE_CHECKING:
     from .request import SimRequest
 
@@ -33,7 +37,6 @@ LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
                    240.0, 480.0, 960.0, 1920.0, 7680.0]
 PREEMPT_BUCKETS = [1, 2, 3, 4, 5, 10, 20]
 N_BUCKETS = [1, 2, 5, 10, 20]
-MOONCAKE_TIME_BUCKETS = [1e-3, 5e-3, 1e-2, 5e-2, 1e-1, 2e-1, 3e-1, 4e-1, 5e-1, 7.5e-1, 1.0, 1.5, 2.0, 3.0, 4.0]
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 CACHE_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
 
@@ -83,124 +86,98 @@ class EngineStats:
 
         # speculative decoding (vLLM registers these only with a speculative config)
         if spec_k:
-            self.c_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
-            self.c_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
-            self.c_accepted = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
-            per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+            self.c_drafts = counter(vn.SPEC_DRAFTS, "Number of spec decoding drafts.")
+            self.c_draft_tokens = counter(vn.SPEC_DRAFT_TOKENS, "Number of draft tokens.")
+            self.c_accepted = counter(vn.SPEC_ACCEPTED, "Number of accepted tokens.")
+            per_pos = Counter(vn.SPEC_PER_POS, "Accepted tokens per draft position.",
                               L + ["position"], registry=r)
             self.c_per_pos = [per_pos.labels(position=str(i), **lv) for i in range(spec_k)]
-        self.c_flops = counter("vllm:estimated_flops_per_gpu",
+        self.c_flops = counter(vn.FLOPS,
                                "Estimated number of floating point operations per GPU (for Model Flops "
                                "Utilization calculations).")
-        self.c_read = counter("vllm:estimated_read_bytes_per_gpu",
+        self.c_read = counter(vn.READ_BYTES,
                               "Estimated number of bytes read from memory per GPU (for Model Flops "
                               "Utilization calculations).")
-        self.c_write = counter("vllm:estimated_write_bytes_per_gpu",
+        self.c_write = counter(vn.WRITE_BYTES,
                                "Estimated number of bytes written to memory per GPU (for Model Flops "
                                "Utilization calculations).")
-        self.g_running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
-        self.g_waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        by_reason = Gauge("vllm:num_requests_waiting_by_reason", "Number of waiting requests by reason.",
+        self.g_running = gauge(vn.RUNNING, "Number of requests in model execution batches.")
+        self.g_waiting = gauge(vn.WAITING, "Number of requests waiting to be processed.")
+        by_reason = Gauge(vn.WAITING_BY_REASON, "Number of waiting requests by reason.",
                           L + ["reason"], registry=r)
         self.g_wait_capacity = by_reason.labels(reason="capacity", **lv)
         by_reason.labels(reason="deferred", **lv).set(0)
-        sleep = Gauge("vllm:engine_sleep_state", "Engine sleep state; awake = 1 means engine is awake.",
+        sleep = Gauge(vn.SLEEP_STATE, "Engine sleep state; awake = 1 means engine is awake.",
                       L + ["sleep_state"], registry=r)
         for st, v in (("awake", 1), ("weights_offloaded", 0), ("discard_all", 0)):
             sleep.labels(sleep_state=st, **lv).set(v)
-        self.g_kv = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-        self.c_pc_queries = counter("vllm:prefix_cache_queries",
+        self.g_kv = gauge(vn.KV_USAGE, "KV-cache usage. 1 means 100 percent usage.")
+        self.c_pc_queries = counter(vn.PREFIX_QUERIES,
                                     "Prefix cache queries, in terms of number of queried tokens.")
-        self.c_pc_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
-        self.c_ext_queries = counter("vllm:external_prefix_cache_queries",
+        self.c_pc_hits = counter(vn.PREFIX_HITS, "Prefix cache hits, in terms of number of cached tokens.")
+        self.c_ext_queries = counter(vn.EXT_QUERIES,
                                      "External prefix cache queries from KV connector cross-instance cache "
                                      "sharing, in terms of number of queried tokens.")
-        self.c_ext_hits = counter("vllm:external_prefix_cache_hits",
+        self.c_ext_hits = counter(vn.EXT_HITS,
                                   "External prefix cache hits from KV connector cross-instance cache sharing, "
                                   "in terms of number of cached tokens.")
-        counter("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items.")
-        counter("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.")
-        self.c_preempt = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
-        self.c_prompt = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        by_src = Counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", L + ["source"],
+        counter(vn.MM_QUERIES, "Multi-modal cache queries, in terms of number of queried items.")
+        counter(vn.MM_HITS, "Multi-modal cache hits, in terms of number of cached items.")
+        self.c_preempt = counter(vn.PREEMPTIONS, "Cumulative number of preemption from the engine.")
+        self.c_prompt = counter(vn.PROMPT_TOKENS, "Number of prefill tokens processed.")
+        by_src = Counter(vn.PROMPT_BY_SOURCE, "Number of prompt tokens by source.", L + ["source"],
                          registry=r)
         self.c_src_compute = by_src.labels(source="local_compute", **lv)
         self.c_src_hit = by_src.labels(source="local_cache_hit", **lv)
         self.c_src_ext = by_src.labels(source="external_kv_transfer", **lv)
-        self.c_cached = counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
-        cached_src = Counter("vllm:prompt_tokens_cached_by_source",
+        self.c_cached = counter(vn.PROMPT_CACHED, "Number of cached prompt tokens (local + external).")
+        cached_src = Counter(vn.CACHED_BY_SOURCE,
                              "Prefix-cache hit tokens by the cache tier that supplied them.", L + ["source"],
                              registry=r)
         self.c_cached_src = {s: cached_src.labels(source=s, **lv) for s in CACHE_SOURCES}
-        self.c_gen = counter("vllm:generation_tokens", "Number of generation tokens processed.")
-        success = Counter("vllm:request_success", "Count of successfully processed requests.",
+        self.c_gen = counter(vn.GEN_TOKENS, "Number of generation tokens processed.")
+        success = Counter(vn.REQUEST_SUCCESS, "Count of successfully processed requests.",
                           ["engine", "finished_reason", "model_name"], registry=r)
         self.c_success = {f: success.labels(finished_reason=f, **lv) for f in FINISH_REASONS}
-        adm = Counter("vllm:admission_rejections", "Number of admission attempts rejected by a queue limit, "
+        adm = Counter(vn.ADMISSION_REJECTIONS, "Number of admission attempts rejected by a queue limit, "
                       "by reason.", ["model_name", "reason"], registry=r)
         for reason in ("max_num_queued_reqs", "max_num_queued_tokens"):
             adm.labels(model_name=model, reason=reason)
         tok_b = buckets_125(max_model_len)
-        self.h_prompt = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tok_b)
-        self.h_gen = hist("vllm:request_generation_tokens", "Number of generation tokens processed.", tok_b)
-        self.h_iter = hist("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+        self.h_prompt = hist(vn.REQUEST_PROMPT_TOKENS, "Number of prefill tokens processed.", tok_b)
+        self.h_gen = hist(vn.REQUEST_GEN_TOKENS, "Number of generation tokens processed.", tok_b)
+        self.h_iter = hist(vn.ITERATION_TOKENS, "Histogram of number of tokens per engine_step.",
                            iteration_buckets(max_batched))
-        self.h_max_gen = hist("vllm:request_max_num_generation_tokens",
+        self.h_max_gen = hist(vn.REQUEST_MAX_GEN_TOKENS,
                               "Histogram of maximum number of requested generation tokens.", tok_b)
-        self.h_n = hist("vllm:request_params_n", "Histogram of the n request parameter.", N_BUCKETS)
-        self.h_max_tokens = hist("vllm:request_params_max_tokens",
+        self.h_n = hist(vn.REQUEST_PARAMS_N, "Histogram of the n request parameter.", N_BUCKETS)
+        self.h_max_tokens = hist(vn.REQUEST_PARAMS_MAX_TOKENS,
                                  "Histogram of the max_tokens request parameter.", tok_b)
-        self.h_ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+        self.h_ttft = hist(vn.TTFT, "Histogram of time to first token in seconds.",
                            TTFT_BUCKETS)
-        self.h_itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+        self.h_itl = hist(vn.ITL, "Histogram of inter-token latency in seconds.",
                           ITL_BUCKETS)
-        self.h_tpot = hist("vllm:request_time_per_output_token_seconds",
+        self.h_tpot = hist(vn.TPOT,
                            "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)
         self.h_e2e = hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                           LATENCY_BUCKETS)
-        self.h_queue = hist("vllm:request_queue_time_seconds",
+        self.h_queue = hist(vn.QUEUE_TIME,
                             "Histogram of time spent in WAITING phase for request.", LATENCY_BUCKETS)
-        self.h_infer = hist("vllm:request_inference_time_seconds",
+        self.h_infer = hist(vn.INFERENCE_TIME,
                             "Histogram of time spent in RUNNING phase for request.", LATENCY_BUCKETS)
-        self.h_prefill = hist("vllm:request_prefill_time_seconds",
+        self.h_prefill = hist(vn.PREFILL_TIME,
                               "Histogram of time spent in PREFILL phase for request.", LATENCY_BUCKETS)
-        self.h_decode = hist("vllm:request_decode_time_seconds",
+        self.h_decode = hist(vn.DECODE_TIME,
                              "Histogram of time spent in DECODE phase for request.", LATENCY_BUCKETS)
-        self.h_preempt = hist("vllm:request_num_preemptions",
+        self.h_preempt = hist(vn.REQUEST_PREEMPTIONS,
                               "Histogram of the number of times a request was preempted.", PREEMPT_BUCKETS)
-        self.h_kv_computed = hist("vllm:request_prefill_kv_computed_tokens",
+        self.h_kv_computed = hist(vn.PREFILL_KV_COMPUTED,
                                   "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
                                   tok_b)
-        self.info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", [], registry=r)
+        self.info = Gauge(vn.CACHE_CONFIG, "Information of the LLMEngine CacheConfig", [], registry=r)
         self._info_labels: dict[str, str] = {}
-        if offload == "mooncake":
-            op_l = L + ["operation", "status"]
-            t = Histogram("vllm:mooncake_store_operation_time_seconds",
-                          "Histogram of Mooncake store communication time.", op_l,
-                          buckets=MOONCAKE_TIME_BUCKETS, registry=r)
-            calls = Counter("vllm:mooncake_store_operation", "Number of Mooncake store communication operations.",
-                            op_l, registry=r)
-            nbytes = Counter("vllm:mooncake_store_operation_bytes", "Bytes moved by Mooncake store operations.",
-                             op_l, registry=r)
-            keys = Counter("vllm:mooncake_store_operation_keys", "Keys touched by Mooncake store operations.",
-                           op_l, registry=r)
-            failed = Counter("vllm:mooncake_store_operation_failed_keys",
-                             "Keys that failed in Mooncake store operations.", op_l, registry=r)
-            self.mc = {op: (t.labels(operation=op, status="ok", **lv), calls.labels(operation=op, status="ok", **lv),
-                            nbytes.labels(operation=op, status="ok", **lv),
-                            keys.labels(operation=op, status="ok", **lv),
-                            failed.labels(operation=op, status="ok", **lv))
-                       for op in ("lookup_exists", "save_put", "load_get")}
-        if offload == "simple-cpu":
-            # names from vLLM's vllm/v1/simple_kv_offload/metrics.py (vLLM 0.24 did not expose them yet)
-            self.sc_load = Counter("vllm:simple_kv_offload_load_blocks", "Blocks loaded from the CPU tier.",
-                                   L + ["phase"], registry=r).labels(phase="completed", **lv)
-            self.sc_save = Counter("vllm:simple_kv_offload_save_outcomes", "Outcomes of block saves to the CPU tier.",
-                                   L + ["outcome"], registry=r).labels(outcome="stored", **lv)
-            self.sc_used = gauge("vllm:simple_kv_offload_used_blocks", "CPU tier blocks in use.")
-            gauge("vllm:simple_kv_offload_pending_store_blocks", "Blocks waiting to be stored.").set(0)
-            self.sc_info = Gauge("vllm:simple_kv_offload_info", "SimpleCPUOffload configuration.",
-                                 L + ["backend", "page_cache", "lazy_offload", "capacity_blocks"], registry=r)
+        # the connector's own families (agentx.offload: `Connector.sim_metrics`)
+        self.off = connector(offload).sim_metrics(r, L, lv)
         # the simulator's own health (not vLLM names): is the step loop keeping real time?
         self.c_sim_steps = Counter("agentx_sim_steps", "Engine steps simulated.", registry=r)
         self.c_sim_model = Counter("agentx_sim_model_seconds", "Modelled step time, after time_scale.",
@@ -220,14 +197,12 @@ class EngineStats:
         """One `vllm:cache_config_info` line; its labels must include block_size and num_gpu_blocks."""
         # re-create the gauge with the label names of this config
         self.registry.unregister(self.info)
-        self.info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+        self.info = Gauge(vn.CACHE_CONFIG, "Information of the LLMEngine CacheConfig",
                           sorted(labels), registry=self.registry)
         self.info.labels(**labels).set(1.0)
 
     def set_offload_info(self, capacity_blocks: int, lazy: bool) -> None:
-        if self.offload == "simple-cpu":
-            self.sc_info.labels(backend="cpu", page_cache="False", lazy_offload=str(lazy),
-                                capacity_blocks=str(capacity_blocks), **self.labels).set(1)
+        self.off.set_info(capacity_blocks, lazy)
 
     # ------------------------------------------------------------ engine hooks
     def on_scheduled(self, req: "SimRequest") -> None:
@@ -239,10 +214,7 @@ class EngineStats:
         if connector:
             self.c_ext_queries.inc(prompt - dev)
             self.c_ext_hits.inc(host)
-            if self.offload == "mooncake":
-                _, calls, _, keys, _ = self.mc["lookup_exists"]
-                calls.inc()
-                keys.inc(keys_queried)
+            self.off.on_lookup(keys_queried)
         self.c_prompt.inc(prompt)
         self.c_src_compute.inc(prompt - dev - host)
         self.c_src_hit.inc(dev)
@@ -253,24 +225,10 @@ class EngineStats:
         self.h_kv_computed.observe(prompt - dev - host)
 
     def on_host_load(self, tokens: int, nbytes: float = 0.0, seconds: float = 0.0, blocks: int = 0) -> None:
-        if self.offload == "simple-cpu":
-            self.sc_load.inc(blocks)
-        if self.offload == "mooncake":
-            h, calls, b, keys, _ = self.mc["load_get"]
-            h.observe(seconds)
-            calls.inc()
-            b.inc(nbytes)
-            keys.inc(blocks)
+        self.off.on_load(blocks, nbytes, seconds)
 
     def on_store(self, blocks: int, nbytes: float, seconds: float) -> None:
-        if self.offload == "simple-cpu":
-            self.sc_save.inc(blocks)
-        if self.offload == "mooncake" and blocks:
-            h, calls, b, keys, _ = self.mc["save_put"]
-            h.observe(seconds)
-            calls.inc()
-            b.inc(nbytes)
-            keys.inc(blocks)
+        self.off.on_store(blocks, nbytes, seconds)
 
     def on_drafts(self, k: int, accepted: int) -> None:
         self.c_drafts.inc()
@@ -325,8 +283,7 @@ class EngineStats:
         self.g_waiting.set(self.num_waiting)
         self.g_wait_capacity.set(self.num_waiting)
         self.g_kv.set(self.kv_usage)
-        if self.offload == "simple-cpu":
-            self.sc_used.set(self.offload_used_blocks)
+        self.off.before_render(self.offload_used_blocks)
         d = self.num_preemptions - self._preempt_seen
         if d:
             self.c_preempt.inc(d)

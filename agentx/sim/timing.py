@@ -108,8 +108,7 @@ class StepTiming:
         self.draft_kv_tok = self.kv_tok / m.layers
         self.draft_pass = cal.draft_pass_overhead_us / 1e6
         # host->GPU loads of offloaded KV: the connector's effective rate, capped by the PCIe link
-        rate = {"simple-cpu": cal.simple_cpu_load_gbps, "mooncake": cal.mooncake_load_gbps}.get(offload,
-                                                                                                  hw.host_gbps)
+        rate = cal.load_gbps(offload) or hw.host_gbps
         self.host_bw = min(rate, hw.host_gbps) * 1e9
         self.window = m.attn_window
         self.index_tok = m.index_bytes_per_token / tp if m.attn_window else 0.0

@@ -1,13 +1,14 @@
 """Host-DRAM budget for the CPU KV tier, computed the way InferenceX's agentic vLLM scripts do
-(benchmarks/ in SemiAnalysisAI/InferenceX: TOTAL_CPU_DRAM_GB, PER_RANK_GB).
+(benchmarks/ in SemiAnalysisAI/InferenceX: TOTAL_CPU_DRAM_GB, PER_RANK_GB). This is the part
+every connector shares; how a connector spends the budget (per rank, server-wide, minus
+buffers) is its own rule (`Connector.plan` in agentx.offload).
 
-Units matter and differ between the two halves, so every step says which it uses:
+Units matter and differ between the steps, so every step says which it uses:
 MiB = 2**20 bytes (what `free -m` and /proc/meminfo report), GB = 1e9 bytes (the total
-budget), GiB = 2**30 bytes (the Mooncake per-rank segment: vLLM's
-`vllm/distributed/mooncake_store.py` `_parse_size` reads "87GB" as 87 * 2**30 bytes).
+budget), GiB = 2**30 bytes (what vLLM's Mooncake config and LMCache call "GB").
 Integer floors everywhere, as the shell arithmetic of the scripts does. Worked example
 (H200 TP8, 1,471,356 MiB host, utilization 0.80, 414 GiB page cache, 4 GiB buffers):
-1234 GB -> 1149 GiB -> (1149 - 414) // 8 - 4 = 87 GiB per rank.
+1234 GB -> 1149 GiB -> (1149 - 414) // 8 - 4 = 87 GiB per rank (Mooncake).
 """
 from __future__ import annotations
 
@@ -33,8 +34,6 @@ class BudgetError(ValueError):
 class DramBudget:
     total_gb: int
     total_gib: int
-    per_rank_gib: int | None = None  # Mooncake only
-    cpu_bytes: int | None = None  # SimpleCPUOffload only
     steps: list[str] = field(default_factory=list)
 
 
@@ -64,29 +63,17 @@ def total_budget(host_mib: int, *, utilization: float, gpus_used: int, gpus_per_
     return DramBudget(total_gb=total_gb, total_gib=total_gib, steps=steps)
 
 
-def mooncake_per_rank(b: DramBudget, *, ranks: int, page_cache_gib: int,
-                      buffer_gib: int) -> DramBudget:
-    """Mooncake global_segment_size per rank = (total GiB - page cache) // ranks - buffer."""
+def per_rank_gib(b: DramBudget, *, ranks: int, page_cache_gib: int, buffer_gib: int = 0) -> int:
+    """(total GiB - page cache) // ranks - buffer: one rank's share of the budget in GiB,
+    as InferenceX's PER_RANK_GB."""
     per_rank = (b.total_gib - page_cache_gib) // ranks - buffer_gib
+    buffer = f" - {buffer_gib} GiB local buffer" if buffer_gib else ""
     b.steps.append(f"per rank: ({b.total_gib:,} GiB - {page_cache_gib} GiB checkpoint page "
-                   f"cache) // {ranks} ranks - {buffer_gib} GiB local buffer = {per_rank} GiB")
+                   f"cache) // {ranks} ranks{buffer} = {per_rank} GiB")
     if per_rank <= 0:
         raise BudgetError(f"DRAM budget per rank is {per_rank} GiB (<= 0): {b.total_gib} GiB "
                           f"total - {page_cache_gib} GiB page cache over {ranks} ranks leaves "
-                          f"no room beyond the {buffer_gib} GiB local buffer",
+                          f"no room" + (f" beyond the {buffer_gib} GiB local buffer"
+                                        if buffer_gib else ""),
                           "kv_offload.page_cache_reserve_gib")
-    b.per_rank_gib = per_rank
-    b.steps.append(f"global_segment_size \"{per_rank}GB\" (vLLM's Mooncake config reads GB "
-                   f"as 2^30 bytes: {per_rank * GIB:,} bytes)")
-    return b
-
-
-def simple_cpu_bytes(b: DramBudget, ranks: int) -> DramBudget:
-    """SimpleCPUOffload cpu_bytes_to_use = total GB * 1e9, server-wide (vLLM's connector
-    divides it by the world size)."""
-    if b.total_gb <= 0:
-        raise BudgetError(f"DRAM budget is {b.total_gb} GB (<= 0)", "kv_offload.host_dram_mib")
-    b.cpu_bytes = b.total_gb * GB
-    b.steps.append(f"cpu_bytes_to_use: {b.total_gb:,} GB x 1e9 = {b.cpu_bytes:,} bytes "
-                   f"({b.cpu_bytes // ranks:,} per rank over {ranks})")
-    return b
+    return per_rank

@@ -167,3 +167,41 @@ def test_mooncake_render_unchanged(tmp_path):
     assert out.sidecars[0][:3] == ["mooncake_master", "--port", "20000"]
     assert out.env == {"MOONCAKE_CONFIG_PATH": str(Path(tmp_path) / "mooncake_config.json"),
                        "PYTHONHASHSEED": "0"}
+
+
+def test_validation_takes_an_lmcache_tiers_store_mode_from_its_connector():
+    """vLLM 0.32 with LMCache names no connector on /metrics (kv_offloading_backend "native",
+    num_cpu_blocks "None"): the size comes from the recipe, the store mode from the connector
+    the recipe launched; what the server says wins."""
+    from agentx.metrics.tiers import resolve
+    real = parse_metrics('# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{'
+                         'block_size="16",engine="0",kv_offloading_backend="native",'
+                         'num_cpu_blocks="None",num_gpu_blocks="1000"} 1.0\n')
+    assert resolve(500_000, real, connector="lmcache") == {
+        "offload_tokens": 500_000, "offload_eager": True, "offload_source": "--offload-tokens"}
+    assert resolve(500_000, real, connector="simple-cpu")["offload_eager"] is False
+    assert resolve(500_000, real)["offload_eager"] is False  # unknown: the recipes' lazy
+    simple_lazy = parse_metrics(
+        '# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size="16",'
+        'engine="0"} 1.0\n# TYPE vllm:simple_kv_offload_info gauge\n'
+        'vllm:simple_kv_offload_info{capacity_blocks="10",engine="0",lazy_offload="true"} 1.0\n')
+    assert resolve(None, simple_lazy, connector="lmcache")["offload_eager"] is False
+
+
+def test_requests_waiting_for_kv_loads_by_stage():
+    """A series the reader did not read: vLLM 0.32's num_requests_kv_fetch_by_stage (a
+    connector that loads KV registers it), time-weighted per stage; absent: None."""
+    def scrape(t: float, waiting: int, loading: int):
+        return parse_metrics(
+            "# TYPE vllm:num_requests_kv_fetch_by_stage gauge\n" + "".join(
+                f'vllm:num_requests_kv_fetch_by_stage{{engine="{e}",model_name="m",'
+                f'stage="{stage}"}} {n}\n' for e in (0, 1)
+                for stage, n in (("waiting_to_start", waiting), ("in_progress", loading),
+                                 ("completed_waiting", 0))), t=t)
+    snaps = [scrape(0, 0, 2), scrape(1, 2, 4), scrape(2, 0, 0)]
+    got = server_metrics.compute(snaps[0], snaps[-1], snaps)["kv_fetch_waiting"]
+    assert sorted(got) == ["completed_waiting", "in_progress", "waiting_to_start"]
+    assert (got["in_progress"]["mean"], got["in_progress"]["max"]) == (5.0, 8)  # 2 engines
+    assert got["completed_waiting"]["max"] == 0
+    assert server_metrics.compute(parse_metrics("", t=0), parse_metrics("", t=1))[
+        "kv_fetch_waiting"] is None

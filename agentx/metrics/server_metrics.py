@@ -105,6 +105,7 @@ def compute(first: Snapshot | None, last: Snapshot | None, series: Sequence[Snap
         "kv_cache": _gauge_stats(snaps, KV_USAGE, flt, per_engine="mean", prefix="usage_"),
         "running": _gauge_stats(snaps, RUNNING, flt, per_engine="sum"),
         "waiting": _gauge_stats(snaps, WAITING, flt, per_engine="sum"),
+        "kv_fetch_waiting": _by_label_stats(snaps, vn.KV_FETCH_BY_STAGE, "stage", flt),
         "preemptions": d(PREEMPTIONS),
         "prompt_tokens": prompt,
         "generation_tokens": gen,
@@ -184,6 +185,13 @@ def _gauge_stats(snaps: list[Snapshot], name: str, flt: dict, per_engine: str,
         peaks = [m for s in snaps if (m := s.max(name, **flt)) is not None]
         out[f"{prefix}max_any_engine"] = max(peaks) if peaks else None
     return out
+
+
+def _by_label_stats(snaps: list[Snapshot], name: str, label: str, flt: dict) -> dict | None:
+    """`_gauge_stats` (summed over engines) for each value of `label`; None if not exposed."""
+    values = sorted({lb[label] for s in snaps for lb, _ in s.select(name, **flt) if label in lb})
+    return {v: _gauge_stats(snaps, name, {**flt, label: v}, per_engine="sum")
+            for v in values} or None
 
 
 def _spec_decode(snaps: list[Snapshot], flt: dict) -> dict:

@@ -61,10 +61,15 @@ def offload_tier(snap: Snapshot | None) -> dict:
     return out
 
 
-def resolve(offload_tokens: int | None, snap: Snapshot | None) -> dict:
-    """The tier the theory models: `--offload-tokens` when given (store mode from the server
-    where it says, else lazy, SimpleCPUOffload's recipe setting), else what /metrics say."""
+def resolve(offload_tokens: int | None, snap: Snapshot | None,
+            connector: str | None = None) -> dict:
+    """The tier the theory models: `--offload-tokens` when given, else what /metrics say.
+    The store mode is the server's where it says, else the policy of `connector` (the kind a
+    recipe launched, agentx.offload: LMCache and Mooncake eager), else lazy (SimpleCPUOffload's
+    recipe setting)."""
     seen = offload_tier(snap)
+    if seen["offload_eager"] is None and connector:
+        seen["offload_eager"] = offload.connector(connector).store.eager
     if offload_tokens is None:
         return seen
     return {"offload_tokens": offload_tokens, "offload_eager": bool(seen["offload_eager"]),

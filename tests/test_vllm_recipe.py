@@ -68,6 +68,7 @@ def _wrong(cases: list[dict], tmp_path: Path) -> dict[str, tuple[dict, str]]:
     """Deliberately wrong variants of real cases, each with the message vLLM must give."""
     mc = next(c for c in cases if c["mooncake_config"] and "--speculative-config" in c["args"])
     simple = next(c for c in cases if "SimpleCPUOffloadConnector" in " ".join(c["args"]))
+    lmc = next(c for c in cases if "LMCacheConnectorV1" in " ".join(c["args"]))
     bad_file = tmp_path / "bad_mooncake.json"
     bad_file.write_text(Path(mc["mooncake_config"]).read_text().replace('GB"', ' GiB"', 1))
 
@@ -83,6 +84,10 @@ def _wrong(cases: list[dict], tmp_path: Path) -> dict[str, tuple[dict, str]]:
         d["kv_conector"] = d.pop("kv_connector")
         return d
 
+    def v0_name(d):
+        d["kv_connector"] = "LMCacheConnector"
+        return d
+
     def extra_key(d):
         d["kv_connector_extra_config"]["cpu_byte_to_use"] = \
             d["kv_connector_extra_config"].pop("cpu_bytes_to_use")
@@ -95,6 +100,9 @@ def _wrong(cases: list[dict], tmp_path: Path) -> dict[str, tuple[dict, str]]:
                                "synthetic_acceptance_length must be in [1, 4]"),
         "wrong kv-transfer key": ({**mc, "args": _mutate(mc, "--kv-transfer-config", kv_key)},
                                   "kv_conector"),
+        "LMCache's vLLM 0.x connector name": (
+            {**lmc, "args": _mutate(lmc, "--kv-transfer-config", v0_name)},
+            "unknown kv_connector 'LMCacheConnector'"),
         "wrong connector extra key": (
             {**simple, "args": _mutate(simple, "--kv-transfer-config", extra_key)},
             "cpu_byte_to_use"),
@@ -106,6 +114,9 @@ def test_every_rendered_config_is_accepted_by_vllm(tmp_path, vllm_python, vllm_a
     cases = _cases(tmp_path, vllm_assets)
     names = {c["id"].split(" point")[0] for c in cases}
     assert names == set(recipe_names())
+    connectors = " ".join(" ".join(c["args"]) for c in cases)
+    for name in ("SimpleCPUOffloadConnector", "MooncakeStoreConnector", "LMCacheConnectorV1"):
+        assert name in connectors  # every connector of agentx.offload is checked
     wrong = _wrong(cases, tmp_path)
     all_cases = cases + [{**c, "id": f"WRONG {label}"} for label, (c, _) in wrong.items()]
     (tmp_path / "cases.json").write_text(json.dumps(all_cases))

@@ -36,6 +36,7 @@ CONNECTOR_SOURCES = {  # where each connector reads kv_connector_extra_config
     "SimpleCPUOffloadConnector": [
         "distributed/kv_transfer/kv_connector/v1/simple_cpu_offload_connector.py"],
     "MooncakeStoreConnector": ["distributed/kv_transfer/kv_connector/v1/mooncake/store"],
+    "LMCacheConnectorV1": ["distributed/kv_transfer/kv_connector/v1/lmcache_connector.py"],
 }
 _KEY_READ = re.compile(r"""(?:\.get\(\s*|\[)\s*["']([a-z_]+)["']""")
 

@@ -1,5 +1,5 @@
 """The metric definitions (agentx.metrics.definitions), the one distribution helper
-(agentx.metrics.dist), and the path from raw stream facts to a record: timestamps are chosen
+(agentx.dist), and the path from raw stream facts to a record: timestamps are chosen
 by the test, so every metric has an exact expected value."""
 from __future__ import annotations
 
@@ -14,13 +14,15 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from agentx.client.assemble import assemble
 from agentx.client.facts import StreamFacts
 from agentx.client.http import ClientConfig, make_session, stream_request
 from agentx.client.sse import StreamDecoder
+from agentx.dist import KEYS, dist, percentile
 from agentx.metrics import definitions as d
-from agentx.metrics.dist import KEYS, dist, percentile
+from agentx.metrics.catalog import CATALOG
 from agentx.metrics.summary import summarize
-from agentx.records import RequestRecord, assemble
+from agentx.records import RequestRecord
 
 MS = 1_000_000  # ns
 
@@ -70,8 +72,8 @@ def test_chunk_itl_vs_token_itl_with_speculative_chunks():
 
 def test_every_declared_metric_is_documented():
     doc = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
-    for m in d.METRICS:
-        assert re.search(rf"`{m.tag}`", doc), m.tag
+    for m in CATALOG:
+        assert re.search(rf"`{m.key}`", doc), m.key
 
 
 # -- the one distribution helper -----------------------------------------------------------------

@@ -1,27 +1,30 @@
-"""The A/B figure: TTFT and TPOT CDFs of both sides on shared axes (matplotlib, Agg)."""
+"""The A/B figure: CDFs of both sides on shared axes (matplotlib, Agg), one panel per catalog
+metric drawn in it (TTFT and TPOT)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 
+from ..metrics.catalog import AB_CDF, cdf_metrics
 from ..records import read_records
 from ..report.plots import _pyplot, _save, metric_values
-
-PANELS = (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)"))
+from ..rundir import RunDir
 
 
 def _values(run_dirs: list[str], tag: str) -> np.ndarray:
-    return np.sort(np.concatenate([metric_values(read_records(Path(d) / "requests.jsonl"), tag)
+    return np.sort(np.concatenate([metric_values(read_records(Path(d) / RunDir.REQUESTS), tag)
                                    for d in run_dirs] or [np.array([])]))
 
 
 def cdf_plot(doc: dict, path: Path) -> Path:
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(11, 4))
-    for ax, (tag, label) in zip(axes, PANELS):
+    panels = cdf_metrics(AB_CDF)
+    fig, axes = plt.subplots(1, len(panels), figsize=(11, 4), squeeze=False)
+    axes = axes[0]
+    for ax, m in zip(axes, panels):
         for name, color in (("a", "tab:blue"), ("b", "tab:orange")):
-            v = _values(doc[name]["runs"], tag)
+            v = _values(doc[name]["runs"], m.key)
             side = doc[name].get("label") or name.upper()
             if v.size:  # a step per value, and a dot each when few: one value still shows
                 ax.step(np.concatenate([[v[0]], v]),
@@ -30,7 +33,7 @@ def cdf_plot(doc: dict, path: Path) -> Path:
                         ms=3, label=f"{side} (n {v.size}, p50 {np.percentile(v, 50):,.1f})")
             else:
                 ax.plot([], [], color=color, label=f"{side}: no values")
-        ax.set_xlabel(label)
+        ax.set_xlabel(m.axis)
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right", fontsize=8)

@@ -27,7 +27,7 @@ def print_ab(doc: dict, console: Console | None = None) -> None:
         t.add_column(c, justify="left" if c in ("metric", "verdict") else "right",
                      no_wrap=c in ("95% CI", "verdict"))
     for m in doc["metrics"].values():
-        pct = m["label"] == "achieved hit rate"
+        pct = m.get("unit") == "fraction"  # the catalog's unit: printed as a percentage
         ci = f"[{_f(m['ci_low'], pct)}, {_f(m['ci_high'], pct)}]"
         ratio = "-" if m["ratio"] is None else f"{m['ratio']:.3f}"
         t.add_row(m["label"], _f(m["a"], pct), _f(m["b"], pct), _f(m["diff"], pct), ci, ratio,

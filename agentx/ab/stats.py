@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..metrics.catalog import CATALOG, Dist, Ratio
 from ..metrics.summary import measured
 
 INSUFFICIENT = "insufficient"
@@ -36,23 +37,20 @@ class ABMetric:
     name: str
     label: str
     higher_is_better: bool
+    unit: str
     # (side, per-request weights of R replicates, shape (R, n)) -> R values (nan: undefined)
     compute: Callable[["SideData", np.ndarray], np.ndarray]
 
 
 @dataclass
 class SideData:
-    """One side's measured requests with the session each belongs to (flat arrays)."""
+    """One side's measured requests with the session each belongs to (flat arrays); `cols`
+    holds, per catalog key, each request's value (nan: undefined for it), and for a ratio
+    `<key>/den` its denominator."""
 
     owner: np.ndarray  # per request: index of its session
     n_sessions: int
-    ttft: np.ndarray
-    tpot: np.ndarray
-    e2e: np.ndarray
-    interactivity: np.ndarray
-    out_tokens: np.ndarray
-    cached: np.ndarray  # cached tokens (nan: not reported)
-    prompt: np.ndarray
+    cols: dict[str, np.ndarray]
     window_s: float
     run_of: np.ndarray | None = None  # per session: index of its run (None: one run)
 
@@ -66,10 +64,17 @@ def session_key(session_id: str) -> str:
     return session_id.split("/", 1)[0]
 
 
+def _column(meas: Sequence[dict], f: Callable[[dict], object]) -> np.ndarray:
+    """One value per request (nan: undefined for it)."""
+    values = (f(r) for r in meas)
+    return np.array([np.nan if v is None else float(v) for v in values], dtype=float)
+
+
 def side_data(records: Sequence[dict], window_s: float,
               runs: Sequence[int] | None = None) -> SideData:
-    """Measured requests (ok, not warm-up) and their sessions; `runs`, parallel to `records`,
-    gives each record's run (repeat) index when the side ran more than once."""
+    """Measured requests (ok, not warm-up) and their sessions, with the values of every
+    catalog metric A/B compares; `runs`, parallel to `records`, gives each record's run
+    (repeat) index when the side ran more than once."""
     run_of_rec = {id(r): i for r, i in zip(records, runs)} if runs is not None else None
     meas = measured(records)
     ids: dict[str, int] = {}
@@ -81,19 +86,15 @@ def side_data(records: Sequence[dict], window_s: float,
         for r, o in zip(meas, owner):
             run_of[o] = run_of_rec[id(r)]
         _, run_of = np.unique(run_of, return_inverse=True)  # runs without a measured request
-
-    def col(key: str) -> np.ndarray:
-        return np.array([np.nan if r.get(key) is None else float(r[key]) for r in meas],
-                        dtype=float)
-
-    tpot = col("tpot_ms")
-    with np.errstate(divide="ignore", invalid="ignore"):
-        inter = np.where(tpot > 0, 1000.0 / tpot, np.nan)
-    isl = np.array([float(r["isl"] if r.get("isl") is not None else r["isl_intended"])
-                    for r in meas], dtype=float)
-    return SideData(owner=owner, n_sessions=len(ids), ttft=col("ttft_ms"), tpot=tpot,
-                    e2e=col("e2e_ms"), interactivity=inter, out_tokens=np.nan_to_num(col("osl")),
-                    cached=col("cached_tokens"), prompt=isl, window_s=max(window_s, 1e-9),
+    cols: dict[str, np.ndarray] = {}
+    for m in CATALOG:
+        if isinstance(m, Dist) and m.ab:
+            cols[m.key] = _column(meas, m.value)
+        elif isinstance(m, Ratio) and m.ab:
+            cols[m.key] = _column(meas, m.num)
+            if m.den is not None:
+                cols[f"{m.key}/den"] = _column(meas, m.den)
+    return SideData(owner=owner, n_sessions=len(ids), cols=cols, window_s=max(window_s, 1e-9),
                     run_of=run_of)
 
 
@@ -146,36 +147,42 @@ def weighted_percentile(values: np.ndarray, w: np.ndarray, q: float) -> np.ndarr
     return np.where(total > 0, out, np.nan)
 
 
-def _pct(field: str, q: float) -> Callable[[SideData, np.ndarray], np.ndarray]:
+def _pct(key: str, q: float) -> Callable[[SideData, np.ndarray], np.ndarray]:
     def f(d: SideData, w: np.ndarray) -> np.ndarray:
-        return weighted_percentile(getattr(d, field), w, q)
+        return weighted_percentile(d.cols[key], w, q)
     return f
 
 
-def _output_rate(d: SideData, w: np.ndarray) -> np.ndarray:
-    """Output tokens per second of the side's window (fixed: a replicate draws as many sessions
-    as the side has, so its token total is the side's in expectation)."""
-    return (w @ d.out_tokens) / d.window_s
+def _ratio(m: Ratio) -> Callable[[SideData, np.ndarray], np.ndarray]:
+    """Σ w·num / Σ w·den over the requests that have both; per second of the side's window
+    without a denominator (fixed: a replicate draws as many sessions as the side has, so its
+    total is the side's in expectation)."""
+    def f(d: SideData, w: np.ndarray) -> np.ndarray:
+        num = d.cols[m.key]
+        if m.den is None:
+            return (w @ np.nan_to_num(num)) / d.window_s
+        den = d.cols[f"{m.key}/den"]
+        ok = ~np.isnan(num) & ~np.isnan(den)
+        total = w[:, ok] @ den[ok]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(total > 0, (w[:, ok] @ num[ok]) / total, np.nan)
+    return f
 
 
-def _hit_rate(d: SideData, w: np.ndarray) -> np.ndarray:
-    ok = ~np.isnan(d.cached)
-    den = w[:, ok] @ d.prompt[ok]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(den > 0, (w[:, ok] @ d.cached[ok]) / den, np.nan)
+def ab_metrics() -> tuple[ABMetric, ...]:
+    """What `agentx ab` compares, in catalog order: each distribution's `ab` percentiles and
+    each ratio with `ab`."""
+    out: list[ABMetric] = []
+    for m in CATALOG:
+        if isinstance(m, Dist):
+            out += [ABMetric(m.column(q), m.pct_label(q), m.higher_is_better, m.unit,
+                             _pct(m.key, q)) for q in m.ab]
+        elif m.ab:
+            out.append(ABMetric(m.key, m.name, m.higher_is_better, m.unit, _ratio(m)))
+    return tuple(out)
 
 
-METRICS: tuple[ABMetric, ...] = (
-    ABMetric("ttft_p50_ms", "TTFT p50 ms", False, _pct("ttft", 50)),
-    ABMetric("ttft_p90_ms", "TTFT p90 ms", False, _pct("ttft", 90)),
-    ABMetric("ttft_p99_ms", "TTFT p99 ms", False, _pct("ttft", 99)),
-    ABMetric("tpot_p50_ms", "TPOT p50 ms", False, _pct("tpot", 50)),
-    ABMetric("tpot_p90_ms", "TPOT p90 ms", False, _pct("tpot", 90)),
-    ABMetric("e2e_p90_ms", "E2E p90 ms", False, _pct("e2e", 90)),
-    ABMetric("output_tok_s", "output tok/s", True, _output_rate),
-    ABMetric("interactivity_p50_tok_s", "interactivity p50", True, _pct("interactivity", 50)),
-    ABMetric("hit_rate", "achieved hit rate", True, _hit_rate),
-)
+METRICS: tuple[ABMetric, ...] = ab_metrics()
 
 
 def verdict(m: ABMetric, ci_low: float | None, ci_high: float | None) -> str:
@@ -239,7 +246,8 @@ def compare(a: SideData, b: SideData, *, replicates: int = 2000, seed: int = 0,
             with np.errstate(divide="ignore", invalid="ignore"):
                 ci, rci = _interval(rb - ra, level), _interval(rb / ra, level)
         out[m.name] = {
-            "label": m.label, "higher_is_better": m.higher_is_better, "a": va, "b": vb,
+            "label": m.label, "unit": m.unit, "higher_is_better": m.higher_is_better,
+            "a": va, "b": vb,
             "diff": None if va is None or vb is None else vb - va,
             "ratio": None if va in (None, 0) or vb is None else vb / va,
             "ci_low": ci[0], "ci_high": ci[1], "ratio_ci_low": rci[0], "ratio_ci_high": rci[1],

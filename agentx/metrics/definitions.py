@@ -1,8 +1,9 @@
-"""Every latency metric agentx reports, defined once: a declaration (tag, unit, what it means,
-where the definition comes from) plus a pure function over raw facts (monotonic ns timestamps
-and token counts). The client only records facts (agentx.client.facts); `records.assemble`
-computes the per-request fields and `metrics.summary` the distributions from these functions.
-docs/metrics.md states the same definitions for users.
+"""Every metric agentx reports, defined once as a pure function over raw facts (monotonic ns
+timestamps and token counts); its declaration (key, label, unit, direction, SLO key, where it
+is shown) is its entry in `metrics.catalog`. The client only records facts
+(agentx.client.facts); `client.assemble` computes the per-request fields with these functions
+and the catalog's entries read them, or derive theirs, from a record. docs/metrics.md states
+the same definitions for users.
 
 vLLM's definitions are those of its benchmark client, `vllm bench serve`:
 vllm/benchmarks/lib/endpoint_request_func.py (async_request_openai_chat_completions: TTFT at
@@ -12,8 +13,7 @@ last one) and vllm/benchmarks/serve.py (calculate_metrics: TPOT = (latency - TTF
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 
 VLLM_CLIENT = "vllm/benchmarks/lib/endpoint_request_func.py"
 VLLM_SERVE = "vllm/benchmarks/serve.py (calculate_metrics)"
@@ -62,6 +62,12 @@ def tpot_ms(e2e: float | None, ttft: float | None, n_out: int | None) -> float |
 def interactivity_tok_s(tpot: float | None) -> float | None:
     """Tokens per second one user sees: 1000 / TPOT (ms)."""
     return 1000.0 / tpot if tpot else None
+
+
+def prompt_tokens(r: Mapping) -> int:
+    """A record's prompt tokens: the server's count, else the intended one (a server that
+    sent no usage)."""
+    return r["isl"] if r.get("isl") is not None else r.get("isl_intended") or 0
 
 
 def dispatch_lag_ms(intended_send_ns: int, start_ns: int) -> float | None:
@@ -123,44 +129,3 @@ def chunk_spec_counts(chunk_tokens: Sequence[int]) -> tuple[int, int]:
     match) counts as a step, and the last step's tokens may be cut by max_tokens."""
     decode = [max(1, k) for k in chunk_tokens[1:]]
     return sum(decode) - len(decode), len(decode)
-
-
-# -- declarations -------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Metric:
-    """One reported distribution: `tag` is its summary.json key (and, for per-request metrics,
-    its requests.jsonl field); `values` yields its values from one requests.jsonl row."""
-
-    tag: str
-    unit: str
-    description: str
-    source: str
-    values: Callable[[Mapping], Iterable[float]]
-
-
-def _field(name: str) -> Callable[[Mapping], Iterable[float]]:
-    def values(r: Mapping) -> Iterable[float]:
-        v = r[name]
-        return () if v is None else (v,)
-    return values
-
-
-def _interactivity(r: Mapping) -> Iterable[float]:
-    v = interactivity_tok_s(r["tpot_ms"])
-    return () if v is None else (v,)
-
-
-METRICS: tuple[Metric, ...] = (
-    Metric("ttft_ms", "ms", "time to first token", VLLM_CLIENT, _field("ttft_ms")),
-    Metric("ttfc_ms", "ms", "time to first non-reasoning content", "agentx",
-           _field("ttfc_ms")),
-    Metric("tpot_ms", "ms", "time per output token after the first", VLLM_SERVE,
-           _field("tpot_ms")),
-    Metric("itl_ms", "ms", "gap between token chunks", VLLM_CLIENT,
-           lambda r: chunk_itls_ms(r["chunk_offsets_ns"])),
-    Metric("itl_token_ms", "ms", "chunk gap per token it carried", "agentx",
-           lambda r: token_itls_ms(r["chunk_offsets_ns"], r["chunk_tokens"])),
-    Metric("e2e_ms", "ms", "end-to-end request latency", VLLM_CLIENT, _field("e2e_ms")),
-    Metric("interactivity_tok_s_user", "tok/s", "tokens per second per user, 1000 / TPOT",
-           "InferenceX", _interactivity),
-)

@@ -3,7 +3,8 @@ defines it (vllm/benchmarks/serve.py, `check_goodput_args` and `calculate_metric
 AIPerf does (github.com/ai-dynamo/aiperf, tutorial "Benchmark Goodput with AIPerf": "the number
 of completed requests per second that meet specified metric constraints").
 
-SLOs are in ms on `ttft`, `tpot` and `e2el` (vLLM's names); a request is good when each given
+SLOs are in ms on `ttft`, `tpot` and `e2el` (vLLM's names: the catalog entries with an SLO
+name, `catalog.SLO_KEYS`); a request is good when each given
 metric is <= its SLO (vLLM: `s >= r`). A request with one output token or none has no TPOT;
 vLLM counts its TPOT as 0 for goodput, and so do we. Goodput = good requests / the run's
 measurement window; the same window gives good tokens/s (vLLM reports requests/s only).
@@ -16,10 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from .catalog import SLO_KEYS, by_slo
 from .summary import measured
-
-SLO_KEYS = ("ttft", "tpot", "e2el")  # vLLM's --goodput names
-_RECORD_FIELD = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2e_ms"}
 
 
 def parse_slo(text: str) -> dict[str, float]:
@@ -73,7 +72,7 @@ def check_slo(slo: Mapping[str, float]) -> dict[str, float]:
 
 def metric_ms(rec: Mapping, key: str) -> float | None:
     """The record's value for one SLO metric; TPOT of a <= 1-token answer is 0 (vLLM)."""
-    v = rec.get(_RECORD_FIELD[key])
+    v = by_slo(key).value(rec)
     return 0.0 if v is None and key == "tpot" else v
 
 

@@ -1,19 +1,21 @@
 """Aggregate request records into the run summary (definitions: docs/metrics.md).
 
-Only measured requests count: ok, not warm-up, not cancelled. The latency distributions are
-those declared in `definitions.METRICS`, each summarised by `dist.dist` (linear-interpolation
-percentiles, population std). Records are read back from files that any version (or a hand)
-wrote: an `ok` record whose token counts are impossible (`records.record_problem`: a negative,
-fractional or absurd count) is not measured but counted as a `bad_usage` failure, so a lying
-server's numbers can neither crash a summary nor enter it.
+Only measured requests count: ok, not warm-up, not cancelled. The distributions are those of
+the metric catalog (`catalog.DISTS`), each summarised by `dist.dist` (linear-interpolation
+percentiles, population std), and its ratios (`catalog.RATIOS`) go into their blocks.
+Records are read back from files that any version (or a hand) wrote: an `ok` record whose
+token counts are impossible (`records.record_problem`: a negative, fractional or absurd
+count) is not measured but counted as a `bad_usage` failure, so a lying server's numbers can
+neither crash a summary nor enter it.
 """
 from __future__ import annotations
 
 from typing import Iterable
 
+from ..dist import dist
 from ..records import record_problem
-from .definitions import METRICS
-from .dist import dist
+from .catalog import DISTS, RATIOS
+from .definitions import prompt_tokens
 
 __all__ = ["dist", "measured", "summarize"]
 
@@ -41,19 +43,18 @@ def summarize(records: list[dict], *, window_s: float, gpus: int | None = None,
     cancelled = [r for r in records if r["error"] == "cancelled" and not r["warmup"]]
     warm = [r for r in records if r["warmup"]]
     warm_failed = [r for r in warm if not r["ok"] and r["error"] != "cancelled"]
-    isl = sum((r["isl"] if r["isl"] is not None else r["isl_intended"]) for r in meas)
+    isl = sum(prompt_tokens(r) for r in meas)
     osl = sum((r["osl"] or 0) for r in meas)
     w = max(window_s, 1e-9)
-    throughput = {"input_tok_s": isl / w, "output_tok_s": osl / w, "total_tok_s": (isl + osl) / w,
+    throughput = {"input_tok_s": isl / w, "total_tok_s": (isl + osl) / w,
                   "requests_s": len(meas) / w, "window_s": window_s,
                   "per_gpu_tok_s": (isl + osl) / w / gpus if gpus else None,
                   "per_gpu_output_tok_s": osl / w / gpus if gpus else None}
     with_cache = [r for r in meas if r["cached_tokens"] is not None]
     cached = sum(r["cached_tokens"] for r in with_cache)
-    cache_isl = sum((r["isl"] or r["isl_intended"]) for r in with_cache)
     theo_in = sum(r["isl_intended"] for r in meas)
     isl_err = [(r["isl"] - r["isl_intended"]) for r in meas if r["isl"] is not None]
-    return {
+    out = {
         "completed": len(meas),
         "failed": len(failed),
         "cancelled": len(cancelled),
@@ -66,7 +67,7 @@ def summarize(records: list[dict], *, window_s: float, gpus: int | None = None,
         # what 429/503 answers' Retry-After made the lanes wait, warm-up included (s)
         "retry_after_s": sum(r.get("retry_after_s") or 0.0 for r in records),
         "retry_after_responses": sum(1 for r in records if r.get("retry_after_s") is not None),
-        **{m.tag: dist(v for r in meas for v in m.values(r)) for m in METRICS},
+        **{m.key: dist(v for r in meas for v in m.values(r)) for m in DISTS},
         "throughput": throughput,
         "tokens": {"input": isl, "output": osl,
                    "reasoning": sum(r["reasoning_tokens"] for r in meas),
@@ -78,7 +79,6 @@ def summarize(records: list[dict], *, window_s: float, gpus: int | None = None,
                           [abs(e) / max(1, r["isl_intended"])
                            for e, r in zip(isl_err, [r for r in meas if r["isl"] is not None])])},
         "cache": {
-            "achieved_hit_rate": cached / cache_isl if cache_isl else None,
             "theoretical_hit_rate": (sum(r.get("cached_expected", 0) for r in meas) / theo_in
                                      if theo_in else None),
             "theoretical_hit_rate_pool": (sum(r.get("cached_expected_pool", 0) for r in meas)
@@ -92,3 +92,6 @@ def summarize(records: list[dict], *, window_s: float, gpus: int | None = None,
         },
         "client": {"dispatch_lag_ms": dist([r["dispatch_lag_ms"] for r in meas])},
     }
+    for m in RATIOS:  # output_tok_s, achieved_hit_rate: defined once, for A/B too
+        out[m.summary[0]][m.summary[1]] = m.over(meas, window_s)
+    return out

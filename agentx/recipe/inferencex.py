@@ -8,13 +8,13 @@ recipe's own arithmetic (agentx/offload/dram.py, the same TOTAL_CPU_DRAM_GB the 
 """
 from __future__ import annotations
 
-from ..metrics.definitions import METRICS
+from ..metrics.catalog import DISTS
 from .render import tier
 from .schema import Point, Recipe
 
 SCENARIO = "agentic-coding"
 # the summary blocks that describe requests (the rest is client, config and validation)
-REQUEST_KEYS = ("completed", "failed", "cancelled", "errors", *(m.tag for m in METRICS),
+REQUEST_KEYS = ("completed", "failed", "cancelled", "errors", *(m.key for m in DISTS),
                 "throughput", "tokens", "cache", "goodput")
 
 

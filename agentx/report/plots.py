@@ -1,9 +1,9 @@
 """PNG plots of a run and of a set of runs, drawn with matplotlib (Agg: no display needed).
 
-Per run: `latency_cdf.png` (TTFT, TPOT and chunk ITL CDFs of the measured requests) and, when
-/metrics was scraped, `server_timeseries.png` (running, waiting, KV-cache usage and the prefix
-hit rate per scrape interval). Per set of runs: `pareto.png`. docs/report.md shows how to read
-them.
+Per run: `latency_cdf.png` (CDFs of the measured requests' catalog metrics drawn there: TTFT,
+TPOT and chunk ITL) and, when /metrics was scraped, `server_timeseries.png` (running, waiting,
+KV-cache usage and the prefix hit rate per scrape interval). Per set of runs: `pareto.png`.
+docs/report.md shows how to read them.
 """
 from __future__ import annotations
 
@@ -14,11 +14,10 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from ..metrics.definitions import METRICS
+from ..metrics.catalog import RUN_CDF, cdf_metrics, dist_named
 from ..metrics.summary import measured
 from .pareto import INTERACTIVITY, frontier, publishable
 
-CDF_METRICS = (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)"), ("itl_ms", "ITL, chunk (ms)"))
 DPI = 110
 
 
@@ -33,16 +32,18 @@ def _pyplot():
 
 def metric_values(records: list[dict], tag: str) -> np.ndarray:
     """One metric's values over the measured requests, by its single definition."""
-    m = next(m for m in METRICS if m.tag == tag)
+    m = dist_named(tag)
     return np.fromiter((v for r in measured(records) for v in m.values(r)), dtype=float)
 
 
 def latency_cdfs(records: list[dict], path: Path, title: str) -> Path:
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(CDF_METRICS), figsize=(13, 3.8))
-    for ax, (tag, label) in zip(axes, CDF_METRICS):
-        v = np.sort(metric_values(records, tag))
-        ax.set_xlabel(label)
+    panels = cdf_metrics(RUN_CDF)
+    fig, axes = plt.subplots(1, len(panels), figsize=(13, 3.8), squeeze=False)
+    axes = axes[0]
+    for ax, m in zip(axes, panels):
+        v = np.sort(metric_values(records, m.key))
+        ax.set_xlabel(m.axis)
         ax.grid(alpha=0.3)
         if v.size == 0:
             ax.text(0.5, 0.5, "no values", ha="center", transform=ax.transAxes)

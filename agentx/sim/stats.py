@@ -159,7 +159,7 @@ class EngineStats:
                           ITL_BUCKETS)
         self.h_tpot = hist(vn.TPOT,
                            "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)
-        self.h_e2e = hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+        self.h_e2e = hist(vn.E2E, "Histogram of e2e request latency in seconds.",
                           LATENCY_BUCKETS)
         self.h_queue = hist(vn.QUEUE_TIME,
                             "Histogram of time spent in WAITING phase for request.", LATENCY_BUCKETS)

@@ -4,16 +4,15 @@ actors and is recorded (minus secrets) in summary.json."""
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, SecretStr, field_validator, model_validator
 
+from .golden import GoldenPin
 from .metrics.goodput import slo_option
 from .options import FieldError, StrictModel, opt
-from .recipe.golden import GoldenPin
-from .sim.config import SimConfig
+from .rundir import default_dir, trace_label
 from .urls import normalise_base_url, redact_url
 
 WORKLOAD, TARGET, SYNTH, OUTPUT = ("workload", "target", "prompt synthesis",
@@ -200,8 +199,6 @@ class RunConfig(StrictModel):
         "fail when lag p75 > max(2 ms, 10% of the chunk ITL p50), only warn when lag p99 > "
         "max(5 ms, 10% of it); docs/reliability.md)", flag="loop_lag_threshold", group=OUTPUT,
         gt=0.0)
-    # --- the embedded simulator (no base_url): `--sim-<option>` flags ---
-    sim: SimConfig = opt(None, "embedded simulator options", factory=SimConfig, cli=False)
 
     @field_validator("duration_s")
     @classmethod
@@ -227,10 +224,6 @@ class RunConfig(StrictModel):
                              "bounded)")
         if isinstance(self.workers, int) and self.workers < 1:
             raise FieldError("workers", "must be >= 1 or auto")
-        g = self.golden_al
-        if g is not None and self.base_url is None and self.sim.spec_k not in (0, g.k):
-            raise FieldError("golden_al", f"the entry is for K={g.k} but --sim-spec-k is "
-                             f"{self.sim.spec_k}")
         return self
 
     def warmup_auto(self) -> bool:
@@ -252,7 +245,6 @@ class RunConfig(StrictModel):
         if self.api_key is not None:
             d["api_key"] = "<redacted>"
         d["base_url"] = redact_url(self.base_url)
-        d["sim"].pop("api_key", None)
         return d
 
     def secret_key(self) -> str | None:
@@ -263,6 +255,4 @@ class RunConfig(StrictModel):
 
 
 def default_output_dir(cfg: RunConfig) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    name = Path(cfg.trace).name.split(".")[0]
-    return Path("results") / f"{stamp}-{name}-c{cfg.conc}"
+    return default_dir(trace_label(cfg.trace), f"c{cfg.conc}")

@@ -1,9 +1,11 @@
-"""One benchmark run as a function: `run(RunConfig) -> summary dict`.
+"""One benchmark run as a function: `run(RunConfig, target) -> summary dict`.
 
-Sweeps and A/B comparisons call this; the CLI is a thin wrapper. A run writes, under
-`output_dir`: requests.jsonl (streamed as requests finish), metrics.jsonl (the /metrics time
-series) and summary.json (self-describing: it embeds the config needed to rerun, minus
-secrets). With no base_url it starts the embedded simulator on a free loopback port.
+Sweeps, A/B comparisons and calibration call this; the CLI is a thin wrapper. A run writes,
+under `output_dir`: requests.jsonl (streamed as requests finish), metrics.jsonl (the /metrics
+time series) and summary.json (self-describing: it embeds the config needed to rerun, minus
+secrets). The server comes from agentx.targets: a running `Target`, or a `Server` the run
+starts and stops (the command starts the embedded simulator this way); a run knows only its
+URL and description.
 """
 from __future__ import annotations
 
@@ -29,12 +31,10 @@ from .metrics.summary import dist, summarize
 from .metrics.tiers import resolve as resolve_tier
 from .metrics.tiers import tier_theory
 from .metrics.window import Window, delivered, headline, measurement_window, server_throughput
-from .outdir import SUMMARY_JSON, check_output_dir, create_output_dir, write_json, write_run_json
 from .plan import split_count
 from .prompt.token_model import TokenModel, builtin_model, hf_model
-from .recipe.golden import sim_pinned
-from .records import merge_record_files, read_jsonl
-from .target import target
+from .rundir import RunDir, merge_record_files, read_jsonl, write_json
+from .targets.base import Server, Target, UrlServer
 from .trace.load import load_traces
 from .trace.model import TraceSet
 from .urls import redact_url, scrub
@@ -42,32 +42,33 @@ from .urls import redact_url, scrub
 STOP_NOTICE = "\nagentx: stopping — draining in-flight requests (Ctrl-C again to cancel)"
 
 
-def run(cfg: RunConfig, ready: Callable[[], Awaitable[int]] | None = None) -> dict:
+def run(cfg: RunConfig, target: Target | Server | None = None,
+        ready: Callable[[], Awaitable[int]] | None = None) -> dict:
     """Run synchronously (own event loop; uvloop when installed). Returns the summary.
+    `target`: the server, running (a Target) or started here and stopped after the run (a
+    Server, e.g. targets.embedded.EmbeddedSim); default: the server at cfg.base_url.
     `ready` (one process, no workers): awaited once everything is built, it returns the
     perf_counter_ns instant to start at (e.g. A/B sides starting together)."""
     if cfg.output_dir is None:  # fixed once, so every check and write sees the same path
         cfg = cfg.model_copy(update={"output_dir": str(default_output_dir(cfg))})
-    check_output_dir(Path(cfg.output_dir), cfg.overwrite)  # before the simulator starts
-    sim = None
-    if cfg.base_url is None:
-        from .sim.embedded import start_in_process
-
-        sim = start_in_process(cfg.sim.model_copy(update={
-            "port": 0, "api_key": cfg.secret_key(), **sim_pinned(cfg.golden_al, cfg.sim)}))
-    try:
-        base = sim.base_url if sim else cfg.base_url
-        return aio.run(run_async(cfg, base, embedded=sim is not None, ready=ready))
-    finally:
-        if sim:
-            sim.stop()
+    RunDir(cfg.output_dir).check(cfg.overwrite)  # before a server starts
+    if target is None:
+        if cfg.base_url is None:
+            raise InputError("command line", "no server to measure: give --base-url",
+                             field="--base-url")
+        target = UrlServer(cfg.base_url)
+    if isinstance(target, Target):
+        return aio.run(run_async(cfg, target, ready=ready))
+    with target as t:
+        return aio.run(run_async(cfg, t, ready=ready))
 
 
-async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False,
+async def run_async(cfg: RunConfig, target: Target,
                     ready: Callable[[], Awaitable[int]] | None = None) -> dict:
+    base_url = target.url
     traces = load_traces(cfg.trace)  # parse errors surface here, before any traffic
     out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
-    check_output_dir(out, cfg.overwrite)
+    RunDir(out).check(cfg.overwrite)
     run_salt = secrets.token_hex(8)
     run_ns = f"seed{cfg.seed}" if cfg.warm_cache else run_salt
     # one Authorization on every request: --api-key (Bearer), else the URL's user:password
@@ -91,16 +92,20 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False,
                                    base_url), field="--base-url") from None
         ccfg.model = cfg.model or model
         version = await server_version(session, base_url, cfg.connect_timeout_s)
-        tm, token_info = await _token_model(cfg, session, base_url, ccfg.model, embedded)
-    create_output_dir(out, cfg.overwrite)  # only now: a failed start leaves no empty dir
+        tm, token_info = await _token_model(cfg, session, base_url, ccfg.model,
+                                            target.builtin_tokens)
+    rd = RunDir(out).create(cfg.overwrite)  # only now: a failed start leaves no empty dir
     t_wall0 = time.time()
-    meta = {"config": cfg.public(), "target": target(cfg, base_url, embedded, ccfg.model,
-                                                     version),
+    config = cfg.public()
+    if target.options is not None:  # a simulator started for the run: its options, to rerun
+        config["sim"] = target.options
+    meta = {"config": config, "target": target.identity(ccfg.model, version),
             "labels": dict(cfg.labels),
-            "run": _run_meta(cfg, ccfg, base_url, embedded, max_model_len, token_info, t_wall0)}
+            "run": _run_meta(ccfg, base_url, target.embedded, max_model_len, token_info,
+                             t_wall0)}
     # what was run, on what, written before any traffic: a killed run keeps it (report reads it)
-    write_run_json(out, meta)
-    scraper = _scraper(base_url, cfg.scrape_interval_s, ccfg.headers(), out / "metrics.jsonl",
+    rd.write_run_json(meta)
+    scraper = _scraper(base_url, cfg.scrape_interval_s, ccfg.headers(), rd.metrics,
                        cfg.connect_timeout_s)
     pool_tokens = None
     if scraper:
@@ -111,14 +116,14 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False,
     block_tokens = traces.block_size * cfg.context_scale
     pool_blocks = int(pool_tokens / block_tokens) if pool_tokens else None
     tier_blocks = int(tier["offload_tokens"] / block_tokens) if tier["offload_tokens"] else None
-    n_workers = resolve_workers(cfg, embedded)
+    n_workers = resolve_workers(cfg, target.local_cores)
     pooled = n_workers > 1 or bool(cfg.ray)  # records per worker, merged at the end
     lanes = split_lanes(cfg.conc, n_workers)
     budgets = split_count(cfg.max_requests, [len(x) for x in lanes])
-    requests_path = out / "requests.jsonl"
+    requests_path = rd.requests
     specs = [DriveSpec(run=cfg, client=ccfg, lanes=lanes[w],
                        max_requests=budgets[w],
-                       records_path=str(out / f"requests.w{w}.jsonl" if pooled
+                       records_path=str(rd.worker(w) if pooled
                                         else requests_path),
                        token_info=token_info, run_ns=run_ns, max_model_len=max_model_len,
                        pool_blocks=(pool_blocks * len(lanes[w]) // cfg.conc) if pool_blocks
@@ -126,10 +131,8 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False,
                        offload_blocks=(tier_blocks * len(lanes[w]) // cfg.conc) if tier_blocks
                        else None, offload_eager=bool(tier["offload_eager"]))
              for w in range(n_workers)]
-    if pooled:  # the manifest names every file of the run (outdir.py)
-        from .outdir import register
-
-        register(out, *(Path(s.records_path).name for s in specs))
+    if pooled:  # the manifest names every file of the run (rundir.py)
+        rd.register(*(Path(s.records_path).name for s in specs))
     results: list[DriveResult] = []
     lost: list[str] = []  # workers that gave no result, with the lanes they held
     merge_failed: OutputError | None = None
@@ -159,12 +162,13 @@ async def run_async(cfg: RunConfig, base_url: str, *, embedded: bool = False,
         print(f"agentx: warning: skipped {bad} unreadable line(s) of {requests_path}",
               file=sys.stderr)
     summary = _summary(cfg, results, n_workers, records, scraper, meta, ccfg, tier, lost)
-    write_json(out / SUMMARY_JSON, summary)
+    write_json(rd.summary, summary)
     summary["output_dir"] = str(out)
     return summary
 
 
-def resolve_workers(cfg: RunConfig, embedded: bool) -> int:
+def resolve_workers(cfg: RunConfig, local_cores: int = 0) -> int:
+    """--workers as a number; `auto` keeps `local_cores` for a server on this machine."""
     if cfg.workers == "auto":
         if cfg.ray:
             from .engine.ray_backend import cluster_cpus, connect
@@ -173,10 +177,10 @@ def resolve_workers(cfg: RunConfig, embedded: bool) -> int:
             n = auto_workers(cfg.conc, cores=cores)
         else:
             cores, where = usable_cores(), "usable cores"
-            n = auto_workers(cfg.conc, cores=cores, reserve=1 if embedded else 0)
+            n = auto_workers(cfg.conc, cores=cores, reserve=local_cores)
+        kept = f", {local_cores} kept for the server beside it" if local_cores else ""
         print(f"agentx: --workers auto -> {n} process(es) for {cfg.conc} lanes "
-              f"({cores} {where}{', 1 kept for the embedded simulator' if embedded else ''})",
-              file=sys.stderr)
+              f"({cores} {where}{kept})", file=sys.stderr)
         return n
     return min(cfg.workers, cfg.conc)
 
@@ -261,7 +265,7 @@ async def _progress(cfg: RunConfig, stats: Any, done: asyncio.Event) -> None:
 
 
 async def _token_model(cfg: RunConfig, session: Any, base_url: str, model: str,
-                       embedded: bool) -> tuple[TokenModel, dict]:
+                       builtin_tokens: bool) -> tuple[TokenModel, dict]:
     kw = {"enable_thinking": cfg.thinking == "on"} if cfg.thinking else None
     if cfg.tokenizer:
         if not Path(cfg.tokenizer).is_dir():
@@ -270,14 +274,14 @@ async def _token_model(cfg: RunConfig, session: Any, base_url: str, model: str,
         tm = hf_model(cfg.tokenizer, kw)
         return tm, {"mode": "hf", "tokenizer": cfg.tokenizer, "overhead": tm.overhead,
                     "generation_prompt": tm.generation_prompt, "build": tm.build}
-    if embedded:
+    if builtin_tokens:  # the server tokenizes as agentx's built-in model (the simulator)
         return builtin_model(), {"mode": "builtin"}
-    from .prompt.calibrate import calibrated_model
+    from .client.tokenize import server_token_model
 
     try:
         # a dozen small /tokenize calls: bounded, so a server that hangs there cannot stall
         # start-up (the fallback below is reported in summary.run.tokens)
-        return await asyncio.wait_for(calibrated_model(session, base_url, model, kw),
+        return await asyncio.wait_for(server_token_model(session, base_url, model, kw),
                                       3 * cfg.connect_timeout_s)
     except Exception as exc:  # server without /tokenize: word = token assumption, reported
         return builtin_model(), {"mode": "assumed", "reason": f"/tokenize unavailable: {exc}"[:200]}
@@ -297,8 +301,8 @@ def _scraper(base_url: str, interval: float, headers: dict, out_path: Path,
                          out_path=out_path)
 
 
-def _run_meta(cfg: RunConfig, ccfg: ClientConfig, base_url: str, embedded: bool,
-              max_model_len: int | None, token_info: dict, t_wall0: float) -> dict:
+def _run_meta(ccfg: ClientConfig, base_url: str, embedded: bool, max_model_len: int | None,
+              token_info: dict, t_wall0: float) -> dict:
     return {"agentx_version": __version__, "started_at": t_wall0, "target": redact_url(base_url),
             "embedded_simulator": embedded, "model": ccfg.model,
             "max_model_len": max_model_len, "tokens": token_info,

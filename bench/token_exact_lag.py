@@ -40,7 +40,8 @@ from agentx.config import RunConfig
 from agentx.engine.selfmon import runqueue_wait_ns
 from agentx.records import read_records
 from agentx.run import run_async
-from agentx.sim.embedded import start_in_process
+from agentx.targets.base import Target
+from agentx.targets.embedded import EmbeddedSim
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prompt_build import default_tokenizer  # noqa: E402  (bench/ is not a package)
@@ -130,12 +131,12 @@ async def _sample_lag(out: list[tuple[int, float]], interval_s: float = 0.01,
         out.append((now, max(0.0, (now - t) / 1e6 - interval_s * 1e3)))
 
 
-async def _run_sampled(cfg: RunConfig, base_url: str,
+async def _run_sampled(cfg: RunConfig, target: Target,
                        watch: StallWatch | None) -> tuple[dict, list[tuple[int, float]]]:
     lags: list[tuple[int, float]] = []
     task = asyncio.create_task(_sample_lag(lags, watch=watch))
     try:
-        summary = await run_async(cfg, base_url, embedded=True)
+        summary = await run_async(cfg, target)
     finally:
         task.cancel()
     return summary, lags
@@ -151,12 +152,13 @@ def one(conc: int, args: argparse.Namespace, tok_dir: str | None, out: Path) -> 
                     thinking="off", output_dir=str(out), overwrite=True, progress=False,
                     validation="off", drain_timeout_s=5.0, seed=args.seed,
                     scrape_interval_s=args.scrape_interval)
-    sim = start_in_process(cfg.sim.model_copy(update={"port": 0}))
+    sim = EmbeddedSim.for_run(cfg)
+    target = sim.start()
     watch = StallWatch(args.stalls) if args.stalls else None
     if watch:
         watch.start()
     try:
-        summary, lags = aio.run(_run_sampled(cfg, sim.base_url, watch))
+        summary, lags = aio.run(_run_sampled(cfg, target, watch))
     finally:
         sim.stop()
         if watch:

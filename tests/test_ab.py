@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from agentx.ab.stats import METRICS, compare, session_key, side_data, weighted_percentile, weights
 from agentx.cli import main
-from agentx.recipe.serve import start
+from agentx.targets.process import start
 from helpers import free_port, write_trace
 
 # a toy GPU pool of 12,288 tokens (768 blocks of 16); the trace's sessions grow to ~5,000
@@ -185,7 +185,7 @@ def _sim(tmp: Path, name: str, extra: list[str], base: list[str] = SIM):
     argv = [sys.executable, "-m", "agentx.sim", "--host", "127.0.0.1", "--port", str(port),
             *base, *extra]
     return start(argv, {}, base_url=f"http://127.0.0.1:{port}", workdir=tmp / name,
-                 health_timeout=60)
+                 health_timeout_s=60)
 
 
 def _ab(trace: Path, out: Path, a: str, b: str, *extra: str) -> dict:
@@ -274,8 +274,8 @@ def test_a_side_that_is_neither_url_nor_recipe_is_one_line_exit_2(tmp_path, trac
 def test_recipe_offload_tier_in_tokens():
     """Tier bytes over one token's KV across the TP group: cpu-tiny is 2 (K, V) x 8 layers x
     2 KV heads x 64 dims x 2 bytes = 4,096 bytes a token."""
-    from agentx.ab.sides import recipe_offload_tokens
     from agentx.recipe.load import load_recipe
+    from agentx.targets.recipe import offload_tokens as recipe_offload_tokens
 
     recipe, _ = load_recipe("tiny-cpu")
     assert recipe_offload_tokens(recipe, 0, 4096 * 1000) == 1000

@@ -21,6 +21,7 @@ import pytest
 
 from agentx.records import read_records
 from agentx.run import RunConfig, max_overlap, run
+from agentx.targets.embedded import EmbeddedSim
 from helpers import write_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,20 +33,21 @@ def truth(path: Path) -> list[dict]:
         return [orjson.loads(line) for line in f if line.strip()]
 
 
-def _cfg(tmp_path: Path, trace: Path, **kw) -> RunConfig:
+def _cfg(tmp_path: Path, trace: Path, **kw) -> tuple[RunConfig, EmbeddedSim]:
     sim = dict(FAST)
     sim["truth_log"] = str(tmp_path / "truth.jsonl")
     sim.update(kw.pop("sim", {}))
     base = dict(trace=str(trace), conc=3, duration_s=4.0, seed=1, think_scale=0.05,
                 output_dir=str(tmp_path / "out"), progress=False, scrape_interval_s=1.0,
-                drain_timeout_s=10.0, sim=sim)
+                drain_timeout_s=10.0)
     base.update(kw)
-    return RunConfig(**base)
+    cfg = RunConfig(**base)
+    return cfg, EmbeddedSim.for_run(cfg, sim)
 
 
 def test_lanes_bound_sessions_and_requests(tmp_path):
     trace = write_trace(tmp_path / "tr", think=0.2, subagent_at=3)
-    s = run(_cfg(tmp_path, trace, conc=3, duration_s=5.0))
+    s = run(*_cfg(tmp_path, trace, conc=3, duration_s=5.0))
     recs = read_records(tmp_path / "out" / "requests.jsonl")
     assert s["completed"] > 20 and s["failed"] == 0
     assert s["client"]["max_sessions_active"] == 3
@@ -67,7 +69,7 @@ def test_every_started_request_recorded_exactly_once(tmp_path):
     trace = write_trace(tmp_path / "tr", think=0.1, out=200)
     cfg = _cfg(tmp_path, trace, conc=4, duration_s=3.0, drain_timeout_s=0.2,
                sim={"fail_rate": 0.15, "fail_kinds": ["500", "429", "reset", "malformed"]})
-    s = run(cfg)
+    s = run(*cfg)
     recs = read_records(tmp_path / "out" / "requests.jsonl")
     ids = [r["request_id"] for r in recs]
     assert len(ids) == len(set(ids))
@@ -86,7 +88,7 @@ def test_think_time_scaled_and_capped(tmp_path):
     trace = write_trace(tmp_path / "tr", sessions=2, turns=6, think=4.0, out=5)
     for scale, cap, expect in ((0.1, 300.0, 0.4), (1.0, 0.25, 0.25)):
         out = tmp_path / f"o{scale}"
-        run(_cfg(tmp_path, trace, conc=1, duration_s=3.0, think_scale=scale, max_think_s=cap,
+        run(*_cfg(tmp_path, trace, conc=1, duration_s=3.0, think_scale=scale, max_think_s=cap,
                  output_dir=str(out), start_min=0.0, start_max=0.0))
         recs = sorted(read_records(out / "requests.jsonl"), key=lambda r: r["start_ns"])
         # end of one answer -> the engine's intended send of the next turn = the think time
@@ -101,7 +103,7 @@ def test_a_lane_goes_on_with_its_next_session_at_once(tmp_path):
     """The next session is opened while the current one's last turn runs: its first request
     is due when the last response ends, and goes then (the history build is not in it)."""
     trace = write_trace(tmp_path / "tr", sessions=4, turns=3, think=0.3, out=5)
-    run(_cfg(tmp_path, trace, conc=2, duration_s=4.0, think_scale=0.2))
+    run(*_cfg(tmp_path, trace, conc=2, duration_s=4.0, think_scale=0.2))
     recs = sorted(read_records(tmp_path / "out" / "requests.jsonl"),
                   key=lambda r: r["intended_send_ns"])
     by_lane = defaultdict(list)
@@ -117,7 +119,7 @@ def test_a_lane_goes_on_with_its_next_session_at_once(tmp_path):
 
 def test_warmup_requests_flagged_and_excluded(tmp_path):
     trace = write_trace(tmp_path / "tr", think=0.05)
-    s = run(_cfg(tmp_path, trace, conc=2, duration_s=3.0, warmup_s=1.0))
+    s = run(*_cfg(tmp_path, trace, conc=2, duration_s=3.0, warmup_s=1.0))
     recs = read_records(tmp_path / "out" / "requests.jsonl")
     primes = [r for r in recs if r["kind"] == "prime"]
     assert primes and all(r["warmup"] for r in primes)
@@ -168,7 +170,7 @@ def test_max_requests_and_reproducible_schedule(tmp_path):
     runs = []
     for i in range(2):
         out = tmp_path / f"o{i}"
-        run(_cfg(tmp_path, trace, conc=2, duration_s=None, max_requests=12,
+        run(*_cfg(tmp_path, trace, conc=2, duration_s=None, max_requests=12,
                  output_dir=str(out)))
         runs.append(read_records(out / "requests.jsonl"))
     assert all(len(r) == 12 for r in runs)
@@ -180,14 +182,14 @@ def test_max_requests_and_reproducible_schedule(tmp_path):
 def test_api_key_never_reaches_results(tmp_path):
     trace = write_trace(tmp_path / "tr", think=0.0)
     secret = "sk-test-" + os.urandom(8).hex()
-    run(_cfg(tmp_path, trace, conc=1, duration_s=None, max_requests=3, api_key=secret))
+    run(*_cfg(tmp_path, trace, conc=1, duration_s=None, max_requests=3, api_key=secret))
     for f in (tmp_path / "out").iterdir():
         assert secret not in f.read_text(errors="replace")
 
 
 def test_workers_split_lanes_and_merge_records(tmp_path):
     trace = write_trace(tmp_path / "tr", think=0.1)
-    s = run(_cfg(tmp_path, trace, conc=4, duration_s=4.0, workers="2"))
+    s = run(*_cfg(tmp_path, trace, conc=4, duration_s=4.0, workers="2"))
     recs = read_records(tmp_path / "out" / "requests.jsonl")
     assert s["client"]["workers"] == 2
     assert len(s["client"]["cpu_util_per_worker"]) == 2
@@ -204,7 +206,7 @@ def test_workers_split_lanes_and_merge_records(tmp_path):
 @pytest.mark.parametrize("thinking", ["on", "off"])
 def test_thinking_mode_reaches_the_server(tmp_path, thinking):
     trace = write_trace(tmp_path / "tr", think=0.0, out=30)
-    s = run(_cfg(tmp_path, trace, conc=2, duration_s=None, max_requests=8, thinking=thinking,
+    s = run(*_cfg(tmp_path, trace, conc=2, duration_s=None, max_requests=8, thinking=thinking,
                  min_samples=1))  # 8 requests: the thinking check, not the sample count
     recs = read_records(tmp_path / "out" / "requests.jsonl")
     reasoning = sum(r["reasoning_tokens"] for r in recs)
@@ -224,7 +226,7 @@ def test_merging_record_files_survives_a_writer_killed_mid_line(tmp_path):
     against the run's warm-up end, parts removed and `dest` kept."""
     import orjson
 
-    from agentx.records import merge_record_files
+    from agentx.rundir import merge_record_files
 
     def row(rid: str, start: int, warm: bool = False) -> bytes:
         return orjson.dumps({"request_id": rid, "start_ns": start, "intended_send_ns": start,

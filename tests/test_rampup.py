@@ -25,18 +25,20 @@ from agentx.options import build, flag_namer
 from agentx.records import RequestRecord, read_records
 from agentx.report.console import print_summary
 from agentx.run import run
+from agentx.targets.embedded import EmbeddedSim
 from helpers import serve_chat, write_trace
 
 FAST = {"profile": "cpu-tiny", "time_scale": 20.0}
 
 
-def _cfg(tmp_path: Path, **kw) -> RunConfig:
+def _cfg(tmp_path: Path, **kw) -> tuple[RunConfig, EmbeddedSim]:
     trace = write_trace(tmp_path / "tr", think=0.5)
+    sim = kw.pop("sim", FAST)
     base = dict(trace=str(trace), conc=4, duration_s=2.0, seed=1, think_scale=0.1,
                 output_dir=str(tmp_path / "out"), progress=False, scrape_interval_s=1.0,
-                drain_timeout_s=10.0, sim=dict(FAST))
+                drain_timeout_s=10.0)
     base.update(kw)
-    return RunConfig(**base)
+    return RunConfig(**base), EmbeddedSim(sim)
 
 
 def _firsts(recs: list[dict]) -> dict[int, dict]:
@@ -62,7 +64,7 @@ def _console(s: dict) -> str:
 
 def test_ramp_up_spreads_first_requests_and_auto_warmup_flags_exactly(tmp_path):
     conc, ramp = 8, 2.0
-    s = run(_cfg(tmp_path, conc=conc, ramp_up_s=ramp, warmup_s="auto"))
+    s = run(*_cfg(tmp_path, conc=conc, ramp_up_s=ramp, warmup_s="auto"))
     recs = read_records(tmp_path / "out" / "requests.jsonl")
     firsts = _firsts(recs)
     assert sorted(firsts) == list(range(conc))
@@ -93,7 +95,7 @@ def test_ramp_up_spreads_first_requests_and_auto_warmup_flags_exactly(tmp_path):
 
 def test_duration_counts_from_the_end_of_the_auto_warmup(tmp_path):
     ramp, duration = 1.5, 2.0
-    s = run(_cfg(tmp_path, conc=4, ramp_up_s=ramp, warmup_s="auto", duration_s=duration))
+    s = run(*_cfg(tmp_path, conc=4, ramp_up_s=ramp, warmup_s="auto", duration_s=duration))
     recs = read_records(tmp_path / "out" / "requests.jsonl")
     win = s["window"]
     assert s["steady_state"] and s["stop_reason"] == "duration"
@@ -118,7 +120,7 @@ def test_duration_counts_from_the_end_of_the_auto_warmup(tmp_path):
 def test_run_too_short_for_the_start_up_says_so(tmp_path):
     # every first request takes 4 s (fixed TTFT); the warm-up may last 5 x 0.5 s
     sim = {**FAST, "time_scale": 1.0, "fixed_ttft_ms": 4000.0, "fixed_itl_ms": 1.0}
-    s = run(_cfg(tmp_path, conc=3, ramp_up_s=0, warmup_s="auto", duration_s=0.5, sim=sim))
+    s = run(*_cfg(tmp_path, conc=3, ramp_up_s=0, warmup_s="auto", duration_s=0.5, sim=sim))
     recs = read_records(tmp_path / "out" / "requests.jsonl")
     assert s["steady_state"] is False
     assert s["window"]["all_lanes_first_done_s"] is None
@@ -132,7 +134,7 @@ def test_run_too_short_for_the_start_up_says_so(tmp_path):
 
 def test_fixed_warmup_before_start_up_ended_is_not_steady(tmp_path):
     sim = {**FAST, "time_scale": 1.0, "fixed_ttft_ms": 400.0, "fixed_itl_ms": 1.0}
-    s = run(_cfg(tmp_path, conc=2, ramp_up_s=0, warmup_s=0, duration_s=1.5, sim=sim))
+    s = run(*_cfg(tmp_path, conc=2, ramp_up_s=0, warmup_s=0, duration_s=1.5, sim=sim))
     win = s["window"]
     assert s["steady_state"] is False and win["warmup"] == 0
     assert win["start_s"] == 0 and win["all_lanes_first_done_s"] >= 0.4
@@ -159,7 +161,7 @@ def test_workers_start_together_and_share_one_warmup_end(tmp_path):
     start at one instant, once both are ready), and the merged records are flagged against
     the run's warm-up end, the later of the two workers' own."""
     conc, ramp = 6, 1.5
-    s = run(_cfg(tmp_path, conc=conc, ramp_up_s=ramp, warmup_s="auto", workers=2))
+    s = run(*_cfg(tmp_path, conc=conc, ramp_up_s=ramp, warmup_s="auto", workers=2))
     recs = read_records(tmp_path / "out" / "requests.jsonl")
     firsts = _firsts(recs)
     t0 = firsts[0]["intended_send_ns"]

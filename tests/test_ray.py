@@ -19,6 +19,7 @@ ray = pytest.importorskip("ray")
 from agentx.engine.ray_backend import INSTANT_FIELDS, pack, shift_record_line, unpack  # noqa: E402
 from agentx.records import read_records  # noqa: E402
 from agentx.run import RunConfig, run  # noqa: E402
+from agentx.targets.embedded import EmbeddedSim  # noqa: E402
 from helpers import write_trace  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -39,10 +40,10 @@ def test_ray_actors_run_the_lanes_and_records_are_gathered(tmp_path, ray_local):
     truth = tmp_path / "truth.jsonl"
     cfg = RunConfig(trace=str(_trace(tmp_path / "tr")), conc=4, duration_s=4.0, seed=2,
                     workers="2", ray=ray_local, output_dir=str(tmp_path / "out"),
-                    progress=False, scrape_interval_s=1.0, drain_timeout_s=10.0,
-                    sim={"fixed_ttft_ms": 20, "fixed_itl_ms": 5, "truth_log": str(truth),
-                         "profile": "cpu-tiny"})
-    s = run(cfg)
+                    progress=False, scrape_interval_s=1.0, drain_timeout_s=10.0)
+    sim = EmbeddedSim({"fixed_ttft_ms": 20, "fixed_itl_ms": 5, "truth_log": str(truth),
+                       "profile": "cpu-tiny"})
+    s = run(cfg, sim)
     recs = read_records(tmp_path / "out" / "requests.jsonl")
     assert s["client"]["backend"] == "ray" and s["client"]["workers"] == 2
     assert s["client"]["hosts"] and s["failed"] == 0 and s["completed"] > 10
@@ -148,9 +149,9 @@ def test_ray_cluster_lanes_on_two_nodes_and_a_node_dies(tmp_path, two_node_clust
     truth = tmp_path / "truth.jsonl"
     cfg = RunConfig(trace=str(_trace(tmp_path / "tr")), conc=4, duration_s=8.0, seed=2,
                     workers="2", ray=cluster.address, output_dir=str(out), progress=False,
-                    scrape_interval_s=1.0, drain_timeout_s=5.0,
-                    sim={"fixed_ttft_ms": 20, "fixed_itl_ms": 5, "truth_log": str(truth),
-                         "profile": "cpu-tiny"})
+                    scrape_interval_s=1.0, drain_timeout_s=5.0)
+    sim = EmbeddedSim({"fixed_ttft_ms": 20, "fixed_itl_ms": 5, "truth_log": str(truth),
+                       "profile": "cpu-tiny"})
     parts = [out / "requests.w0.jsonl", out / "requests.w1.jsonl"]
     seen: dict[str, int] = {}
 
@@ -165,7 +166,7 @@ def test_ray_cluster_lanes_on_two_nodes_and_a_node_dies(tmp_path, two_node_clust
     killer = threading.Thread(target=kill_second_node, daemon=True)
     killer.start()
     t0 = time.monotonic()
-    s = run(cfg)
+    s = run(cfg, sim)
     took = time.monotonic() - t0
     killer.join(5)
     assert seen and min(seen.values()) >= 3, seen  # both nodes were sending before the kill

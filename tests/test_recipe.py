@@ -16,11 +16,12 @@ import pytest
 
 from agentx.cli import main
 from agentx.errors import InputError
+from agentx.golden import golden_al
 from agentx.offload import dram
-from agentx.recipe.golden import golden_al
 from agentx.recipe.load import load_recipe, recipe_names, recipes_dir
 from agentx.recipe.render import render
-from agentx.recipe.serve import ServerStartError, launch
+from agentx.targets.process import ServerStartError
+from agentx.targets.recipe import launch
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = ["minimaxm3-fp8-h200-mtp", "minimaxm3-fp8-h200", "minimaxm3-fp4-b300-mtp",
@@ -319,7 +320,7 @@ def test_launch_simulator_stand_in_health_and_stop(tmp_path):
     recipe, path = load_recipe("minimaxm3-fp8-h200-mtp")
     lines: list[str] = []
     with launch(recipe, 0, sim=True, workdir=tmp_path, recipe_dir=path.parent,
-                health_timeout=60, on_log=lines.append) as server:
+                health_timeout_s=60, on_log=lines.append) as server:
         assert _get(server.base_url + "/health")[0] == 200
         models = json.loads(_get(server.base_url + "/v1/models")[1])
         assert [m["id"] for m in models["data"]] == ["MiniMax-M3"]
@@ -342,8 +343,9 @@ def _fake_recipe(tmp_path: Path, code: str, timeout: float = 30) -> Path:
 
 def test_server_that_exits_is_reported_with_its_log(tmp_path):
     recipe, _ = load_recipe(str(_fake_recipe(tmp_path, "import sys; print('boom'); sys.exit(3)")))
-    with pytest.raises(ServerStartError, match=r"(?s)exited with code 3.*boom"):
+    with pytest.raises(ServerStartError, match=r"exited with code 3") as info:
         launch(recipe, workdir=tmp_path / "w")
+    assert "boom" in info.value.tail
 
 
 def test_server_without_health_is_stopped_after_the_timeout(tmp_path):
@@ -357,7 +359,7 @@ def test_server_without_health_is_stopped_after_the_timeout(tmp_path):
     with pytest.raises(ServerStartError, match="did not answer within 3 s") as info:
         launch(recipe, workdir=tmp_path / "w", on_log=lines.append)
     assert time.monotonic() - t0 < 30
-    assert "child up" in lines and "child up" in str(info.value)
+    assert "child up" in lines and "child up" in info.value.tail
     assert _pids_running(token) == []  # the server and the child it forked are both gone
 
 

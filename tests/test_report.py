@@ -20,6 +20,7 @@ from agentx.metrics.summary import measured
 from agentx.records import read_records
 from agentx.report.pareto import frontier
 from agentx.run import RunConfig, run
+from agentx.targets.embedded import EmbeddedSim
 from helpers import write_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,12 +28,13 @@ FAST = {"profile": "cpu-tiny", "time_scale": 20.0}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def _cfg(tmp_path: Path, trace: Path, out: str = "out", **kw) -> RunConfig:
+def _cfg(tmp_path: Path, trace: Path, out: str = "out",
+         **kw) -> tuple[RunConfig, EmbeddedSim]:
     base = {"trace": str(trace), "conc": 2, "duration_s": None, "max_requests": 12, "seed": 1,
             "think_scale": 0.05, "output_dir": str(tmp_path / out), "progress": False,
-            "scrape_interval_s": 0.3, "drain_timeout_s": 10.0, "sim": dict(FAST)}
+            "scrape_interval_s": 0.3, "drain_timeout_s": 10.0}
     base.update(kw)
-    return RunConfig(**base)
+    return RunConfig(**base), EmbeddedSim(FAST)
 
 
 def _assert_png(path: Path, min_bytes: int = 10_000) -> None:
@@ -109,7 +111,7 @@ def test_frontier_keeps_exactly_the_non_dominated_points():
 # -- real runs ------------------------------------------------------------------------------------
 def test_report_of_one_run_prints_the_table_and_writes_plots(tmp_path, capsys):
     trace = write_trace(tmp_path / "tr", think=0.1, out=40)
-    run(_cfg(tmp_path, trace, max_requests=16))
+    run(*_cfg(tmp_path, trace, max_requests=16))
     out = tmp_path / "out"
     capsys.readouterr()
     assert agentx_main(["report", str(out)]) == 0
@@ -145,14 +147,14 @@ def test_goodput_of_a_run_where_half_the_requests_meet_the_slo(tmp_path):
         for i, r in enumerate(doc["requests"]):
             r["out"] = 4 if i % 2 else 400
         f.write_text(json.dumps(doc))
-    cfg = _cfg(tmp_path, trace, conc=2, max_requests=16, start_min=0.0, start_max=0.0)
-    probe = run(cfg.model_copy(update={"output_dir": str(tmp_path / "probe")}))
+    cfg, sim = _cfg(tmp_path, trace, conc=2, max_requests=16, start_min=0.0, start_max=0.0)
+    probe = run(cfg.model_copy(update={"output_dir": str(tmp_path / "probe")}), sim)
     recs = measured(read_records(tmp_path / "probe" / "requests.jsonl"))
     short = max(r["e2e_ms"] for r in recs if r["osl"] <= 4)
     long_ = min(r["e2e_ms"] for r in recs if r["osl"] > 100)
     assert short < long_, (short, long_, probe["e2e_ms"])
     slo = (short + long_) / 2
-    s = run(cfg.model_copy(update={"slo": {"e2el": slo}}))
+    s = run(cfg.model_copy(update={"slo": {"e2el": slo}}), sim)
     recs = measured(read_records(tmp_path / "out" / "requests.jsonl"))
     good = sum(r["e2e_ms"] <= slo for r in recs)
     g = s["goodput"]
@@ -169,7 +171,7 @@ def test_pareto_of_three_runs(tmp_path, capsys):
     trace = write_trace(tmp_path / "tr", think=0.05, out=30)
     dirs = []
     for conc in (1, 2, 4):  # c1 keeps the default --min-samples: 4 requests, insufficient
-        run(_cfg(tmp_path, trace, out=f"sweep/c{conc}", conc=conc, max_requests=4 * conc,
+        run(*_cfg(tmp_path, trace, out=f"sweep/c{conc}", conc=conc, max_requests=4 * conc,
                  gpus=2, **({} if conc == 1 else {"min_samples": 1})))
         dirs.append(str(tmp_path / "sweep" / f"c{conc}"))
     capsys.readouterr()

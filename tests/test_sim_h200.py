@@ -14,6 +14,7 @@ from agentx.config import RunConfig
 from agentx.sim.config import SimConfig
 from agentx.sim.profile import load_profile
 from agentx.sim.replay import figures, fit_h200, h200_runs, measured, replay_figures
+from agentx.targets.embedded import EmbeddedSim
 from conftest import H200_RUNS
 
 FIGURES = ("ttft_p50", "ttft_p90", "tpot_p50", "e2e_p50")
@@ -56,11 +57,11 @@ def test_served_replay_of_base_run(tmp_path):
                     start_min=c["start_min"], start_max=c["start_max"],
                     drain_timeout_s=c["drain_timeout_s"] / f, context_scale=c["context_scale"],
                     output_dir=str(tmp_path / "out"), progress=False, scrape_interval_s=1.0,
-                    validation="off", sim=SimConfig(profile="h200-qwen3-8b-bf16", time_scale=f,
-                                                    truth_log=str(truth)))
+                    validation="off")
+    sim = EmbeddedSim(SimConfig(profile="h200-qwen3-8b-bf16", time_scale=f, truth_log=str(truth)))
     from agentx.run import run
 
-    s = run(cfg)
+    s = run(cfg, sim)
     recs = [orjson.loads(x) for x in (tmp_path / "out" / "requests.jsonl").read_bytes().splitlines()]
     key = lambda r: (r["lane"], r["trace_id"], r["turn"], r["subagent"])  # noqa: E731
     real = {key(r): r for r in measured(real_recs)}

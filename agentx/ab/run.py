@@ -23,6 +23,8 @@ from ..errors import InputError
 from ..metrics.summary import measured
 from ..records import read_records
 from ..run import run
+from ..rundir import RunDir
+from ..targets.base import Target
 from .sides import Side, open_side
 from .spec import ABConfig, default_ab_dir
 from .stats import compare, point, side_data, too_thin
@@ -48,7 +50,8 @@ def run_ab(cfg: ABConfig) -> dict:
         if cfg.parallel:
             for i in range(1, cfg.repeats + 1):
                 a, b = side("a"), side("b")
-                pair = _both(_config(cfg, a, i, out), _config(cfg, b, i, out))
+                pair = _both((_config(cfg, a, i, out), a.target),
+                             (_config(cfg, b, i, out), b.target))
                 summaries["a"].append(pair[0])
                 summaries["b"].append(pair[1])
         else:
@@ -56,9 +59,9 @@ def run_ab(cfg: ABConfig) -> dict:
                 if not cfg.interleave and name == "b" and "a" in sides:
                     _stop_servers(sides)  # A is done: free its server before B's starts
                 s = side(name)
-                summaries[name].append(run(_config(cfg, s, i, out)))
+                summaries[name].append(run(_config(cfg, s, i, out), s.target))
         doc = _document(cfg, out, sides, summaries)
-    from ..outdir import write_json
+    from ..rundir import write_json
     from .plot import cdf_plot
 
     doc["plot"] = str(cdf_plot(doc, out / "ab_cdf.png"))
@@ -67,18 +70,18 @@ def run_ab(cfg: ABConfig) -> dict:
 
 
 def _config(cfg: ABConfig, s: Side, repeat: int, out: Path) -> RunConfig:
-    return cfg.side_config(s.name, repeat, s.base_url, s.model, out, s.offload_tokens)
+    t = s.target
+    return cfg.side_config(s.name, repeat, t.url, t.model, out, t.offload_tokens)
 
 
 def _stop_servers(sides: dict[str, Side]) -> None:
     """Stop the launched servers opened so far (stopping is idempotent: the context's exit
     stops them again harmlessly)."""
     for s in sides.values():
-        if s.handle is not None and s.handle.running:
-            s.handle.stop()
+        s.server.stop()
 
 
-def _both(cfg_a: RunConfig, cfg_b: RunConfig) -> list[dict]:
+def _both(side_a: tuple[RunConfig, Target], side_b: tuple[RunConfig, Target]) -> list[dict]:
     """Both sides at once, each in its own client process (as two `agentx run`): sharing one
     event loop, the side whose tasks were created first would be served first at every tick.
     They start their lanes together, once both are built: otherwise the start-up of one
@@ -87,14 +90,14 @@ def _both(cfg_a: RunConfig, cfg_b: RunConfig) -> list[dict]:
     ctx = multiprocessing.get_context("spawn")
     with ctx.Manager() as manager, ProcessPoolExecutor(2, mp_context=ctx) as ex:
         gate = manager.Barrier(2)
-        futures = [ex.submit(_run_side, cfg_a, gate), ex.submit(_run_side, cfg_b, gate)]
+        futures = [ex.submit(_run_side, *side_a, gate), ex.submit(_run_side, *side_b, gate)]
         return [f.result() for f in futures]
 
 
 GATE_TIMEOUT_S = 300.0
 
 
-def _run_side(cfg: RunConfig, gate) -> dict:
+def _run_side(cfg: RunConfig, target: Target, gate) -> dict:
     """One side of --parallel: `run` that waits for the other side at the start. A side that
     fails before it breaks the gate, so the other starts instead of waiting for it."""
 
@@ -104,7 +107,7 @@ def _run_side(cfg: RunConfig, gate) -> dict:
         return time.perf_counter_ns() + int(StartGate.MARGIN_S * 1e9)  # as local workers
 
     try:
-        return run(cfg, ready)
+        return run(cfg, target, ready)
     except BaseException:
         with contextlib.suppress(Exception):
             gate.abort()
@@ -123,7 +126,7 @@ def _document(cfg: ABConfig, out: Path, sides: dict[str, Side],
               summaries: dict[str, list[dict]]) -> dict:
     data, by_run = {}, {}
     for name, runs in summaries.items():
-        per = [read_records(Path(r["output_dir"]) / "requests.jsonl") for r in runs]
+        per = [read_records(Path(r["output_dir"]) / RunDir.REQUESTS) for r in runs]
         data[name] = side_data([rec for recs in per for rec in recs],
                                sum(r["throughput"]["window_s"] for r in runs),
                                runs=[i for i, recs in enumerate(per) for _ in recs])

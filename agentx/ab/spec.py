@@ -3,13 +3,14 @@ sides run with the same trace, seed, lanes and duration), plus the two sides and
 scheduled and compared."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from pydantic import model_validator
 
 from ..config import RunConfig
 from ..options import FieldError, opt
+from ..rundir import default_dir, trace_label
+from ..sim.config import SimConfig
 
 AB = "A/B comparison"
 # RunConfig fields a side sets itself (its server, its result directory)
@@ -43,6 +44,9 @@ class ABConfig(RunConfig):
                               "(default: A)", group=AB, min_length=1, max_length=60)
     b_label: str | None = opt(None, "a name for side B (default: B)", group=AB, min_length=1,
                               max_length=60)
+    # recipe sides on the simulator: `--sim-<option>` flags, on top of the recipe's
+    sim: SimConfig = opt(None, "simulator options of recipe sides", factory=SimConfig,
+                         cli=False)
 
     @model_validator(mode="after")
     def _sides(self) -> "ABConfig":
@@ -88,5 +92,4 @@ class ABConfig(RunConfig):
 
 
 def default_ab_dir(cfg: ABConfig) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("results") / f"ab-{stamp}-{Path(cfg.trace).name.split('.')[0]}-c{cfg.conc}"
+    return default_dir(trace_label(cfg.trace), f"c{cfg.conc}", kind="ab")

@@ -13,14 +13,16 @@ from pathlib import Path
 import orjson
 
 from ..errors import InputError
-from ..recipe.golden import mode_key
+from ..golden import mode_key
 from ..recipe.load import load_recipe, recipes_dir
 from ..recipe.render import golden_key
+from ..rundir import RunDir, default_dir
 from ..sim.specdec import default_rates
+from ..targets.base import Target, read_version
 from .config import CalibrateConfig
 from .golden_file import Entry, merge
-from .measure import Measurement, Workload, measure, server_version
-from .servers import Target, recipe_ks, serve
+from .measure import Measurement, Workload, measure
+from .servers import recipe_ks, server_at_k
 
 Say = Callable[[str], None]
 
@@ -56,7 +58,7 @@ def golden_path(cfg: CalibrateConfig, name: str) -> Path:
 
 def provenance(m: Measurement, t: Target, version: str | None, draft: str, w: Workload) -> str:
     iv = m.interval
-    server = "agentx simulator" if t.backend == "sim" else f"vLLM {version or '?'}"
+    server = "agentx simulator" if t.kind == "sim" else f"vLLM {version or '?'}"
     sampling = ", ".join(f"{k}={v}" for k, v in w.extra_body.items())
     return (f"AL {m.al:.4f}, 95% interval {iv.low:.2f}-{iv.high:.2f} ({iv.source}, "
             f"{iv.requests} requests); {time.strftime('%Y-%m-%d')}; {server}; model "
@@ -78,22 +80,22 @@ def calibrate(cfg: CalibrateConfig, say: Say = print) -> dict:
     else:
         ks, draft = cfg.k or sorted(cfg.url_map()), "(--url: not stated)"
     w = workload(cfg, run_opts)
-    out = Path(cfg.output_dir or f"results/calibrate-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = Path(cfg.output_dir) if cfg.output_dir else default_dir(kind="calibrate")
     out.mkdir(parents=True, exist_ok=True)
     cells: list[dict] = []
     entries: list[Entry] = []
     key = cfg.golden_model or (golden_key(recipe) if recipe else None)
     for k in ks:
         say(f"K={k}: starting the server" if recipe else f"K={k}: {cfg.url_map()[k]}")
-        with serve(cfg, recipe, path, k, out / f"k{k}" / "server") as t:
+        with server_at_k(cfg, recipe, path, k, out / f"k{k}" / "server") as t:
             t.model = t.model or served_model(t.url)
             key = key or t.model
-            version = server_version(t.url)
+            version = read_version(t.url).get("version")
             for mode in cfg.thinking:
                 m = measure(w, cfg, t.url, t.model, k, mode, out / f"k{k}" / f"thinking-{mode}")
-                cell = {**m.record(), "backend": t.backend, "server_version": version,
+                cell = {**m.record(), "backend": t.kind, "server_version": version,
                         "model": t.model}
-                if t.backend == "sim":  # the simulator's own acceptance: the truth to recover
+                if t.kind == "sim":  # the simulator's own acceptance: the truth to recover
                     cell["true_al"] = 1.0 + sum(default_rates(k))
                 cells.append(cell)
                 say(line(m))
@@ -105,7 +107,7 @@ def calibrate(cfg: CalibrateConfig, say: Say = print) -> dict:
         merge(gpath, key, entries)
     result = {"golden_file": str(gpath) if entries else None, "golden_model": key,
               "workload": w.describe(), "sampling": w.extra_body, "cells": cells}
-    (out / "calibration.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    (out / RunDir.CALIBRATION).write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     result["output_dir"] = str(out)
     rel = os.path.relpath(gpath.resolve(), path.parent.resolve()) if recipe else None
     if recipe and entries and recipe.speculative.golden_file != rel:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from ..recipe.golden import ModelAL, load_golden
+from ..golden import ModelAL, load_golden
 
 HEADER = ["# Golden mean acceptance lengths (AL) by draft, thinking mode and K, written by "
           "`agentx calibrate`",

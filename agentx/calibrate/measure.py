@@ -4,14 +4,13 @@ interval. The trace's synthesized coding turns go through `agentx.run.run` itsel
 --max-requests N, no think time); a prompts file goes through prompts.py."""
 from __future__ import annotations
 
-import json
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..config import RunConfig
 from ..options import build
 from ..records import read_records
+from ..rundir import RunDir
 from .config import CalibrateConfig
 from .interval import Interval, bootstrap, request_counts
 
@@ -51,14 +50,6 @@ class Workload:
         return f"trace {self.trace} (synthesized coding turns, context_scale {self.context_scale:g})"
 
 
-def server_version(url: str) -> str | None:
-    try:
-        with urllib.request.urlopen(url + "/version", timeout=10) as resp:
-            return json.loads(resp.read()).get("version")
-    except (OSError, ValueError):
-        return None
-
-
 def measure(w: Workload, cfg: CalibrateConfig, url: str, model: str | None, k: int,
             thinking: str, out: Path) -> Measurement:
     m = Measurement(k, thinking, run_dir=str(out))
@@ -77,7 +68,7 @@ def measure(w: Workload, cfg: CalibrateConfig, url: str, model: str | None, k: i
             "validation": "off"}, source="calibrate")
         summary = run(rc)
         spec = (summary.get("server_metrics") or {}).get("spec_decode") or {}
-        records = read_records(out / "requests.jsonl")
+        records = read_records(out / RunDir.REQUESTS)
     m.completed = sum(1 for r in records if r.get("ok"))
     m.failed = len(records) - m.completed
     m.al, m.per_position = spec.get("acceptance_length"), spec.get("per_position")

@@ -1,26 +1,16 @@
-"""One server per K: the recipe's vLLM (or its simulator stand-in) launched clean with real
-verification at that K, or the running server the user named for it."""
+"""One target per K: the recipe's vLLM (or its simulator stand-in) launched clean with real
+verification at that K, or the running server the user named for it (agentx.targets)."""
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
 from ..recipe.schema import Recipe
-from ..recipe.serve import launch
+from ..targets.base import Server, UrlServer
+from ..targets.recipe import RecipeServer
 from .config import CalibrateConfig
 
 PER_REQUEST_SPEC = ["--per-request-spec-decode-metrics", "summary"]  # vLLM >= 0.32
-
-
-@dataclass
-class Target:
-    k: int
-    url: str
-    model: str | None
-    backend: str  # vllm | sim | url
 
 
 def recipe_ks(recipe: Recipe, source: str) -> list[int]:
@@ -41,17 +31,13 @@ def at_k(recipe: Recipe, k: int, per_request_spec: bool) -> Recipe:
                                      "points": [point]})
 
 
-@contextlib.contextmanager
-def serve(cfg: CalibrateConfig, recipe: Recipe | None, path: Path | None, k: int,
-          workdir: Path) -> Iterator[Target]:
-    """The server for K, stopped (when launched here) on leaving the block."""
-    if recipe is None:
-        yield Target(k, cfg.url_map()[k], None, "url")
-        return
-    r = at_k(recipe, k, cfg.per_request_spec)
-    timeout = cfg.health_timeout_s or recipe.health_timeout_s
-    handle = launch(r, 0, workdir=workdir, recipe_dir=path.parent, source=str(path),
-                    health_timeout=timeout, sim=cfg.sim,
-                    sim_overrides={"time_scale": cfg.sim_time_scale} if cfg.sim else None)
-    with handle:
-        yield Target(k, handle.base_url, handle.model, "sim" if cfg.sim else "vllm")
+def server_at_k(cfg: CalibrateConfig, recipe: Recipe | None, path: Path | None, k: int,
+                workdir: Path) -> Server:
+    """The target for K (`with server_at_k(...) as target:`), stopped on leaving the block
+    when it was launched here."""
+    if recipe is None or path is None:
+        return UrlServer(cfg.url_map()[k])
+    return RecipeServer(at_k(recipe, k, cfg.per_request_spec), 0, workdir=workdir,
+                        recipe_dir=path.parent, source=str(path), sim=cfg.sim,
+                        sim_overrides={"time_scale": cfg.sim_time_scale} if cfg.sim else None,
+                        health_timeout_s=cfg.health_timeout_s)

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
+from ..golden import golden_al
 from ..offload import Tier, dram
-from .golden import golden_al
 from .schema import Point, Recipe, spec_k
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")

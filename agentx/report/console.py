@@ -5,7 +5,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..metrics.window import headline, not_steady_note
-from ..target import target_text
+from .target import target_text
 
 WIDE = 200  # columns when stdout is not a terminal: a file or a pipe gets whole numbers
 THIN_P99 = 100  # a p99 from fewer values is flagged: it is the largest value or next to it

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..metrics.summary import measured
 from ..metrics.window import headline
-from ..target import target_text
+from .target import target_text
 
 PUBLISHABLE = ("pass", "")  # verdicts a frontier point may have ("": validation off)
 

@@ -1,10 +1,10 @@
 """The simulator beside the client, on 127.0.0.1:<free port>.
 
-`start_in_process` (what `agentx run` / `bench.py` use when no --base-url is given) runs it in
-a child process: a simulator thread in the client's process would hold the client's GIL while
-it steps, delaying the client's timestamps by milliseconds, and the run would rightly be
-flagged `client-bound`. `start_in_thread` keeps it in this process, for tests that inspect
-the SimServer object:
+`start_in_process` (the embedded target, agentx.targets.embedded: `agentx run` / `bench.py`
+without --base-url) runs it in a child process: a simulator thread in the client's process
+would hold the client's GIL while it steps, delaying the client's timestamps by
+milliseconds, and the run would rightly be flagged `client-bound`. `start_in_thread` keeps it
+in this process, for tests that inspect the SimServer object:
     with start_in_thread(SimConfig(profile="cpu-tiny", time_scale=100)) as sim:
         requests go to sim.base_url
 """
@@ -189,7 +189,7 @@ def _child_main() -> None:
         loop.close()
 
 
-def start_in_process(cfg: SimConfig) -> SimProcess:
+def start_in_process(cfg: SimConfig, timeout: float = 60.0) -> SimProcess:
     """Start a simulator process on 127.0.0.1 and a free port (cfg.host/port are overridden)."""
     cfg = cfg.model_copy(update={"host": "127.0.0.1", "port": 0})
-    return SimProcess(cfg).start()
+    return SimProcess(cfg).start(timeout)

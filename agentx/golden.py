@@ -5,6 +5,7 @@ Same layout as InferenceX's `golden_al_distribution/<model>_eagle3.yaml`:
 `synthetic_al: golden` pins vLLM's synthetic acceptance to the value for its draft, thinking
 mode and K, so a benchmark reproduces the calibrated speculative speed-up without the real
 draft's acceptance varying run to run. Missing values are errors, never guessed.
+A base module: a run's options (config.GoldenPin), recipes and calibration all read it.
 """
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from typing import Any, Literal
 
 from pydantic import RootModel, model_validator
 
-from ..errors import InputError
-from ..options import FieldError, StrictModel, opt
-from ..yamlconf import load_file
+from .errors import InputError
+from .options import FieldError, StrictModel, opt
+from .yamlconf import load_file
 
 
 class ModelAL(StrictModel):
@@ -96,10 +97,3 @@ class GoldenPin(StrictModel):
     def label(self) -> str:
         return f"{self.model} thinking_{self.thinking} K={self.k} = {self.al} ({self.file})"
 
-
-def sim_pinned(pin: GoldenPin | None, sim: Any) -> dict:
-    """SimConfig updates that pin the embedded simulator to `pin` (K and synthetic AL), unless
-    the simulator's own synthetic acceptance was set explicitly."""
-    if pin is None or sim.synthetic_al is not None or sim.synthetic_rates is not None:
-        return {}
-    return {"spec_k": pin.k, "synthetic_al": pin.al}

@@ -1,13 +1,14 @@
-"""Server lifecycle: launch a rendered recipe, wait for /health, stop the whole process group.
+"""A server process's lifecycle: spawn it (and its side processes) in their own process
+groups, wait for /health, stop the whole groups; the log stays in the target's directory.
 
 The server (and any side process such as `mooncake_master`) starts in its own session, so
 it is the leader of a new process group and everything it forks (vLLM's engine core, TP
 workers) stays in that group. Stopping sends SIGTERM to the group, then SIGKILL after a grace
 period, then kills any descendant that left the group. `ServerHandle` is a context manager,
-so an exception or Ctrl-C in the caller (sweep, `agentx serve`) still stops the server.
-A SIGKILLed agentx runs no cleanup: a guard process (agentx.recipe.guard) watching a pipe from
-agentx stops the groups then. (Not PR_SET_PDEATHSIG: it needs a preexec_fn, unsafe in a
-process running threads, and would reach the group leader only.)
+so an exception or Ctrl-C in the caller (sweep, A/B, calibrate, `agentx serve`) still stops
+the server. A SIGKILLed agentx runs no cleanup: a guard process (agentx.recipe.guard) watching
+a pipe from agentx stops the groups then. (Not PR_SET_PDEATHSIG: it needs a preexec_fn, unsafe
+in a process running threads, and would reach the group leader only.)
 """
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -25,15 +25,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .render import Rendered, render
-from .schema import Recipe
-from .simargs import sim_argv, sim_options
-
 LogSink = Callable[[str], None]
 
 
 class ServerStartError(RuntimeError):
-    """The server exited or was not healthy in time; the message ends with its log tail."""
+    """The server exited or was not healthy in time: one line (what happened, where its log
+    is); `tail` keeps the log's last lines for whoever shows more."""
+
+    def __init__(self, message: str, tail: str = "") -> None:
+        super().__init__(message)
+        self.tail = tail
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -105,7 +106,6 @@ class ServerHandle:
     log_path: Path
     workdir: Path
     model: str | None = None
-    rendered: Rendered | None = None
     sidecars: list[subprocess.Popen] = field(default_factory=list)
     grace_s: float = 20.0
     guard: subprocess.Popen | None = None
@@ -140,14 +140,6 @@ class ServerHandle:
         self.stop()
 
 
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return False
-
-
 class LogTail:
     """Hands new complete lines of a growing log file to a sink."""
 
@@ -169,12 +161,48 @@ class LogTail:
             self.sink(line.decode(errors="replace"))
 
 
+def healthy(url: str) -> bool:
+    """GET /health answers 200 (a 2 s probe)."""
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+def wait_healthy(handle: ServerHandle, health_timeout_s: float,
+                 tail: LogTail | None = None) -> None:
+    """Return once /health answers 200; ServerStartError (one line, the log tail beside it)
+    when a process of the server exits first or `health_timeout_s` passes."""
+    deadline = time.monotonic() + health_timeout_s
+    while True:
+        if tail:
+            tail.poll()
+        dead = [p for p in (handle.proc, *handle.sidecars) if p.poll() is not None]
+        if dead:
+            tail_text = handle.log_tail()
+            last = next((x.strip() for x in reversed(tail_text.splitlines()) if x.strip()), "")
+            raise ServerStartError(f"{Path(dead[0].args[0]).name} exited with code "
+                                   f"{dead[0].returncode} before /health answered"
+                                   + (f": {last[:200]}" if last else "")
+                                   + f" (log {handle.log_path})", tail_text)
+        if healthy(handle.base_url):
+            if tail:
+                tail.poll()
+            return
+        if time.monotonic() > deadline:
+            raise ServerStartError(f"/health did not answer within {health_timeout_s:g} s "
+                                   f"(log {handle.log_path})", handle.log_tail())
+        time.sleep(0.5)
+
+
 def start(argv: Sequence[str], env: dict[str, str], *, base_url: str, workdir: Path,
-          health_timeout: float, on_log: LogSink | None = None,
+          health_timeout_s: float, on_log: LogSink | None = None,
           sidecars: Sequence[Sequence[str]] = (), files: dict[str, str] | None = None,
           grace_s: float = 20.0) -> ServerHandle:
-    """Write `files`, start `sidecars` then the server, return once /health answers 200.
-    On failure, timeout, exception or Ctrl-C everything started is stopped first."""
+    """Write `files`, start `sidecars` then the server (logs in `workdir`), return once
+    /health answers 200. On failure, timeout, exception or Ctrl-C everything started is
+    stopped first."""
     workdir.mkdir(parents=True, exist_ok=True)
     for path, content in (files or {}).items():
         Path(path).write_text(content)
@@ -192,53 +220,9 @@ def start(argv: Sequence[str], env: dict[str, str], *, base_url: str, workdir: P
             from None
     handle = ServerHandle(proc, base_url, log_path, workdir, sidecars=started, grace_s=grace_s,
                           guard=start_guard([p.pid for p in (*started, proc)], grace_s))
-    tail = LogTail(log_path, on_log)
-    deadline = time.monotonic() + health_timeout
     try:
-        while True:
-            tail.poll()
-            dead = [p for p in (proc, *started) if p.poll() is not None]
-            if dead:
-                raise ServerStartError(f"{Path(dead[0].args[0]).name} exited with code "
-                                       f"{dead[0].returncode} before /health answered "
-                                       f"(log {log_path}):\n" + handle.log_tail())
-            if _healthy(base_url):
-                tail.poll()
-                return handle
-            if time.monotonic() > deadline:
-                raise ServerStartError(f"/health did not answer within {health_timeout:.0f} s "
-                                       f"(log {log_path}):\n" + handle.log_tail())
-            time.sleep(0.5)
+        wait_healthy(handle, health_timeout_s, LogTail(log_path, on_log))
     except BaseException:
         handle.stop()
         raise
-
-
-def launch(recipe: Recipe, point: int = 0, *, conc: int | None = None,
-           host: str = "127.0.0.1", port: int | None = None, workdir: str | Path | None = None,
-           recipe_dir: str | Path = ".", source: str = "recipe", sim: bool = False,
-           health_timeout: float | None = None, on_log: LogSink | None = None,
-           host_dram_mib: int | None = None, sim_overrides: dict | None = None) -> ServerHandle:
-    """Render the recipe's point and start it (or the simulator standing in for it with
-    `sim=True`, `sim_overrides` SimConfig fields on top of the recipe's); returns a running,
-    healthy server. Use as `with launch(...) as server:`."""
-    port = port or free_port(host)
-    wd = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix=f"agentx-serve-{recipe.name}-"))
-    wd = wd.resolve()
-    wd.mkdir(parents=True, exist_ok=True)
-    timeout = health_timeout or recipe.health_timeout_s
-    if sim:
-        opts = {**sim_options(recipe, point, conc, recipe_dir=recipe_dir, source=source),
-                **(sim_overrides or {})}
-        handle = start(sim_argv(opts, host=host, port=port), {}, base_url=f"http://{host}:{port}",
-                       workdir=wd, health_timeout=timeout, on_log=on_log)
-        handle.model = opts["model_name"]
-        return handle
-    r = render(recipe, point, conc=conc, host=host, port=port, workdir=wd,
-               recipe_dir=recipe_dir, source=source, host_dram_mib=host_dram_mib)
-    (wd / "command.sh").write_text(r.script())
-    handle = start(r.argv, r.env, base_url=r.base_url, workdir=wd, health_timeout=timeout,
-                   on_log=on_log, sidecars=r.sidecars, files=r.files)
-    handle.rendered = r
-    handle.model = r.served_name
     return handle

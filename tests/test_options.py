@@ -238,23 +238,3 @@ def test_credentials_in_base_url_never_recorded():
     assert "sk-123" not in str(cfg.public()) and "user" not in str(cfg.public())
     assert redact_url(cfg.base_url) == "http://<redacted>@h:8000"
     assert scrub("401 url=http://user:sk-123@h:8000/v1/models", cfg.base_url).count("sk-123") == 0
-
-
-def test_output_dir_never_mixes_runs(tmp_path):
-    from agentx.outdir import check_output_dir, create_output_dir
-
-    out = tmp_path / "run"
-    check_output_dir(out, False)
-    assert not out.exists()  # nothing is created before start-up succeeds
-    create_output_dir(out, False)
-    (out / "summary.json").write_text("{}")
-    (out / "notes.txt").write_text("mine")
-    with pytest.raises(InputError, match="not empty"):
-        check_output_dir(out, False)
-    check_output_dir(out, True)
-    create_output_dir(out, True)
-    assert not (out / "summary.json").exists() and (out / "notes.txt").exists()
-    with pytest.raises(InputError, match="not a directory"):
-        check_output_dir(out / "notes.txt", False)
-    with pytest.raises(InputError, match="cannot be created"):
-        check_output_dir(out / "notes.txt" / "sub", False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from ..metrics.catalog import DISTS
 from ..metrics.window import headline, not_steady_note
 from .target import target_text
 
@@ -24,10 +25,6 @@ def _f(v: float | None, nd: int = 1) -> str:
     return "-" if v is None else f"{v:,.{nd}f}"
 
 
-ROWS = (("ttft_ms", "TTFT ms"), ("ttfc_ms", "TTFC ms"), ("tpot_ms", "TPOT ms"),
-        ("itl_ms", "ITL (chunk) ms"), ("itl_token_ms", "ITL (token) ms"), ("e2e_ms", "E2E ms"),
-        ("interactivity_tok_s_user", "tok/s/user"))
-
 
 def title(summary: dict) -> str:
     """`agentx — swe conc 8 — simulator h200-minimaxm3-fp8`: the workload and the target."""
@@ -43,12 +40,12 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     for c in ("n", "mean", "p50", "p90", "p99"):
         t.add_column(c, justify="right")
     thin = False
-    for key, label in ROWS:
-        d = summary.get(key) or {}
+    for m in DISTS:  # the catalog's order
+        d = summary.get(m.key) or {}
         n = d.get("count")
         flag = n is not None and 0 < n < THIN_P99
         thin |= flag
-        t.add_row(label, "-" if n is None else f"{n:,}",
+        t.add_row(m.label, "-" if n is None else f"{n:,}",
                   *(_f(d.get(c)) for c in ("mean", "p50", "p90")),
                   _f(d.get("p99")) + (" †" if flag else ""))
     if thin:

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..metrics.catalog import csv_columns
+from ..metrics.definitions import interactivity_tok_s
 from ..metrics.summary import measured
 from ..metrics.window import headline
 from .target import target_text
@@ -61,7 +63,6 @@ def run_row(name: str, summary: dict, records: list[dict], gpus: int | None = No
     gp = summary.get("goodput") or {}
     v = (summary.get("validation") or {}).get("verdict", "")
     tpot_p50 = (summary.get("tpot_ms") or {}).get("p50")
-    pct = {k: (summary.get(k) or {}) for k in ("ttft_ms", "tpot_ms")}
     return {
         "run": name, "recipe": _label(summary, "recipe"), "point": _label(summary, "point"),
         "trace": cfg.get("trace") or "", "conc": cfg.get("conc"), "gpus": n_gpu,
@@ -69,10 +70,8 @@ def run_row(name: str, summary: dict, records: list[dict], gpus: int | None = No
         "total_tok_s": h["total_tok_s"], "total_tok_s_per_gpu": h["total_tok_s"] / n_gpu,
         "output_tok_s": h["output_tok_s"], "output_tok_s_per_gpu": h["output_tok_s"] / n_gpu,
         "throughput_source": h["source"],
-        "ttft_p50_ms": pct["ttft_ms"].get("p50"), "ttft_p90_ms": pct["ttft_ms"].get("p90"),
-        "ttft_p99_ms": pct["ttft_ms"].get("p99"),
-        "tpot_p50_ms": tpot_p50, "tpot_p90_ms": pct["tpot_ms"].get("p90"),
-        "interactivity_tok_s_user": 1000.0 / tpot_p50 if tpot_p50 else None,
+        **csv_columns(summary),  # the catalog's percentiles (ttft_p50_ms, ...)
+        "interactivity_tok_s_user": interactivity_tok_s(tpot_p50),
         "e2e_interactivity_tok_s_user": e2e_interactivity(records),
         "goodput_req_s": gp.get("requests_s"), "goodput_tok_s": gp.get("total_tok_s"),
         "goodput_tok_s_per_gpu": gp["total_tok_s"] / n_gpu if gp else None,

@@ -64,6 +64,19 @@ def interactivity_tok_s(tpot: float | None) -> float | None:
     return 1000.0 / tpot if tpot else None
 
 
+def ttft_per_1k_uncached_ms(ttft: float | None, isl: int | None,
+                            cached: int | None) -> float | None:
+    """TTFT per 1,000 prompt tokens the server had to prefill (prompt - cached): a TTFT that
+    compares requests whose prompts and cache hits differ (an agentic turn of 40k tokens with
+    39k cached prefills 1k). AIPerf's prefill throughput is ISL / TTFT, all prompt tokens
+    counted; this counts only the uncached ones, and reads as a time. Undefined when the server
+    reports no cached tokens (vLLM without --enable-prompt-tokens-details) or nothing was left
+    to prefill (a full hit: TTFT is then a decode step, not a prefill)."""
+    if ttft is None or isl is None or cached is None or isl <= cached:
+        return None
+    return ttft / ((isl - cached) / 1000.0)
+
+
 def prompt_tokens(r: Mapping) -> int:
     """A record's prompt tokens: the server's count, else the intended one (a server that
     sent no usage)."""

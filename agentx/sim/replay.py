@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..dist import dist
-from ..rundir import RunDir
+from ..rundir import RunDir, read_jsonl
 from .build import build_engine
 from .config import SimConfig
 from .request import SimRequest
@@ -170,10 +170,10 @@ def h200_runs(data: Path) -> list[tuple[str, SimConfig, list[dict], dict]]:
 
     out = []
     for name, spec in (("base", {}), ("spec", {"spec_k": 3, "synthetic_al": 2.78})):
-        d = data / name
-        recs = [orjson.loads(x) for x in (d / RunDir.REQUESTS).read_bytes().splitlines() if x.strip()]
+        d = RunDir(data / name)
+        recs = read_jsonl(d.requests, strict=True)[0]
         cfg = SimConfig(profile="h200-qwen3-8b-bf16", **spec)
-        out.append((name, cfg, recs, orjson.loads((d / RunDir.SUMMARY).read_bytes())))
+        out.append((name, cfg, recs, orjson.loads(d.summary.read_bytes())))
     return out
 
 

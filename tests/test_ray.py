@@ -16,7 +16,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from agentx.engine.ray_backend import INSTANT_FIELDS, pack, shift_record_line, unpack  # noqa: E402
+from agentx.engine.ray_pool import INSTANT_FIELDS, pack, shift_record_line, unpack  # noqa: E402
 from agentx.records import read_records  # noqa: E402
 from agentx.run import RunConfig, run  # noqa: E402
 from agentx.targets.embedded import EmbeddedSim  # noqa: E402
@@ -72,7 +72,7 @@ def test_an_actor_that_fails_while_starting_does_not_hold_the_others(tmp_path, r
 
     from agentx.client.config import ClientConfig
     from agentx.engine.drive import DriveSpec
-    from agentx.engine.ray_backend import RayPool
+    from agentx.engine.ray_pool import RayPool
     from agentx.sim.config import SimConfig
     from agentx.sim.embedded import start_in_process
 

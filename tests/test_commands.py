@@ -169,7 +169,8 @@ def test_run_sim_flags_are_the_embedded_targets():
 def _modules_after(*argv: str) -> set[str]:
     code = ("import sys\nfrom agentx.cli import main\ntry:\n    main(sys.argv[1:])\n"
             "except SystemExit:\n    pass\n"
-            "print(' '.join(m for m in sys.modules if m.startswith(('agentx.', 'aiohttp'))),"
+            "print(' '.join(m for m in sys.modules if m.startswith(('agentx.', 'aiohttp', "
+            "'numpy'))),"
             " file=sys.stderr)")
     p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
                        cwd=REPO, timeout=60)
@@ -181,8 +182,9 @@ def test_top_help_imports_no_subcommand():
     assert not {m for m in mods if m.startswith("agentx.commands.")}, mods
     run_mods = _modules_after("run", "--help")
     assert {m for m in run_mods if m.startswith("agentx.commands.")} == {"agentx.commands.run"}
-    # the HTTP client and the targets are imported when a run starts, not for its --help
-    assert not {m for m in run_mods if m.startswith(("aiohttp", "agentx.targets"))}, run_mods
+    # the HTTP client, the targets and numpy are imported when a run starts, not for --help
+    assert not {m for m in run_mods if m.startswith(("aiohttp", "agentx.targets", "numpy"))}, \
+        run_mods
 
 
 def test_python_dash_m_entry_points():

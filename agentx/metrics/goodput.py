@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from .catalog import SLO_KEYS, by_slo
-from .summary import measured
 
 
 def parse_slo(text: str) -> dict[str, float]:
@@ -89,6 +88,9 @@ def goodput(records: Sequence[dict], slo: Mapping[str, float], window_s: float) 
     """The summary's `goodput` block: the share of the window's requests (measured, i.e. ok and
     not warm-up, plus failed ones) meeting each SLO and all of them, and good requests and
     tokens per second over the run's measurement window."""
+    from .summary import measured  # here: RunConfig's --slo imports this module, and `agentx
+    # run --help` should not import numpy (via summary and dist) for it
+
     meas = measured(records)
     failed = sum(1 for r in records
                  if not r["ok"] and not r["warmup"] and r.get("error") != "cancelled")

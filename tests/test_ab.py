@@ -253,7 +253,7 @@ def test_recipe_sides_on_the_simulator(tmp_path, trace, capsys):
     --sim-* flags given on top) and stopped with its process group when done. The recipe's own
     run options (tiny-cpu sets trace, duration, context scale, think cap) are set aside, and
     said so: both sides run the command's workload."""
-    doc = _ab(trace, tmp_path / "ab", "tiny-cpu", "tiny-cpu", "--recipe-sim",
+    doc = _ab(trace, tmp_path / "ab", "tiny-cpu", "tiny-cpu", "--sim",
               "--sim-time-scale", "5", "--duration", "3", "--conc", "2", "--bootstrap", "200")
     err = capsys.readouterr().err
     assert "side a: tiny-cpu.yaml run options not used (" in err and "trace" in err

@@ -95,7 +95,7 @@ def test_ab_with_a_handful_of_requests_gives_no_verdict(tmp_path, capsys):
     """Two simulators, 8 requests a side (a few of them warm-up): every metric `insufficient`, never b_better, with
     the reason on the console; the sides carry their names (--a-label / --b-label)."""
     trace = write_trace(tmp_path / "tr", sessions=4, turns=4, think=0.0, out=10)
-    argv = ["ab", "--a", "tiny-cpu", "--b", "tiny-cpu", "--recipe-sim", "--trace", str(trace),
+    argv = ["ab", "--a", "tiny-cpu", "--b", "tiny-cpu", "--sim", "--trace", str(trace),
             "--conc", "2", "--duration", "0", "--max-requests", "8", "--no-progress",
             "--sim-time-scale", "20", "--bootstrap", "200", "--validate", "warn",
             "--a-label", "gpu-only", "--b-label", "cpu-tier", "-o", str(tmp_path / "ab")]

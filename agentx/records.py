@@ -6,7 +6,7 @@ Times: wall-clock ns for correlation with server logs, monotonic ns (perf_counte
 durations; chunk arrival offsets are ns after the request start, taken when the bytes arrived,
 before parsing. The client records raw facts (`client.facts.StreamFacts`) and fills a record from
 them (`client.assemble`). This module is data and the rules of valid data only: it imports
-nothing of agentx above the run directory (docs/architecture.md).
+only base modules (errors, rundir; docs/architecture.md).
 """
 from __future__ import annotations
 

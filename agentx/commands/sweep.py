@@ -77,7 +77,7 @@ def run(o: SweepCommand) -> int:
     out = Path(o.output_dir) if o.output_dir else default_dir(recipe.name, kind="sweep")
     opts = SweepOptions(output_dir=out, base_url=o.base_url, sim=o.sim, points=o.points,
                         conc=o.conc, resume=o.resume, run=o.overrides(),
-                        sim_time_scale=o.sim_time_scale, health_timeout=o.health_timeout_s)
+                        sim_time_scale=o.sim_time_scale, health_timeout_s=o.health_timeout_s)
     cells = sweep(recipe, path, opts)
     failed = [c for c in cells if c.status == "failed"]
     if failed:

@@ -29,7 +29,7 @@ class SweepOptions:
     resume: bool = False
     run: dict = field(default_factory=dict)  # RunConfig overrides (duration_s, warmup_s, ...)
     sim_time_scale: float | None = None
-    health_timeout: float | None = None  # seconds a launched server may take to answer /health
+    health_timeout_s: float | None = None  # a launched server's /health wait (default: recipe's)
 
 
 @dataclass

@@ -69,7 +69,7 @@ class PointServers:
                                   recipe_dir=self.path.parent, source=str(self.path),
                                   sim=self.kind != "vllm",
                                   sim_overrides={"time_scale": scale} if scale else None,
-                                  health_timeout_s=self.opts.health_timeout)
+                                  health_timeout_s=self.opts.health_timeout_s)
             try:
                 server.start()
             except Exception as e:  # noqa: BLE001 - recorded for the point's remaining cells

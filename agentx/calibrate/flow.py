@@ -2,11 +2,9 @@
 golden file and calibration.json (every cell, with its interval and run directory)."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +16,7 @@ from ..recipe.load import load_recipe, recipes_dir
 from ..recipe.render import golden_key
 from ..rundir import RunDir, default_dir
 from ..sim.specdec import default_rates
-from ..targets.base import Target, read_version
+from ..targets.base import Target, read_model, read_version
 from .config import CalibrateConfig
 from .golden_file import Entry, merge
 from .measure import Measurement, Workload, measure
@@ -29,9 +27,8 @@ Say = Callable[[str], None]
 
 def served_model(url: str) -> str:
     try:
-        with urllib.request.urlopen(url + "/v1/models", timeout=30) as resp:
-            return json.loads(resp.read())["data"][0]["id"]
-    except (OSError, ValueError, KeyError, IndexError) as e:
+        return read_model(url)
+    except Exception as e:  # noqa: BLE001 - any failure: the user's --url is wrong
         raise InputError(url, f"cannot list models at /v1/models ({e})", field="--url") from None
 
 

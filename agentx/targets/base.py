@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from ..client.http import server_version
+from ..client.http import first_model, server_version
 from ..urls import redact_url
 
 Kind = Literal["url", "vllm", "sim", "embedded"]
@@ -63,13 +64,19 @@ class Target:
 
 def read_version(url: str, timeout_s: float = 10.0) -> dict:
     """GET /version outside an event loop (client.http.server_version, the one reader)."""
+    return asyncio.run(_probe(server_version, url, timeout_s))
+
+
+def read_model(url: str, timeout_s: float = 30.0) -> str:
+    """The first model at GET /v1/models, outside an event loop (client.http.first_model)."""
+    return asyncio.run(_probe(first_model, url, timeout_s))[0]
+
+
+async def _probe(read: Callable[..., Awaitable[Any]], url: str, timeout_s: float) -> Any:
     import aiohttp
 
-    async def get() -> dict:
-        async with aiohttp.ClientSession() as session:
-            return await server_version(session, url, timeout_s)
-
-    return asyncio.run(get())
+    async with aiohttp.ClientSession() as session:
+        return await read(session, url, timeout_s)
 
 
 class Server(ABC):

@@ -1,10 +1,10 @@
 """A target: the server a command measures and how it was obtained, as one object.
 
-Four kinds (docs/real-vllm.md#targets): `url` (a server already running), `vllm` (a recipe
-point launched on vLLM), `sim` (a recipe point on the simulator, its own process) and
-`embedded` (the simulator beside the client, `agentx run` without --base-url). Each is a
-`Server`: a context manager whose `start()` returns the running `Target` (URL, model, kind,
-offload tier) and whose `stop()` leaves no process behind. `run`, `sweep`, `ab`, `calibrate`
+Four kinds (docs/real-vllm.md, "How agentx gets a server"): `url` (a server already
+running), `vllm` (a recipe point launched on vLLM), `sim` (a recipe point on the simulator,
+its own process) and `embedded` (the simulator beside the client, `agentx run` without
+--base-url). Each is a `Server`: a context manager whose `start()` returns the running
+`Target` (URL, model, kind, offload tier) and whose `stop()` leaves no process behind. `run`, `sweep`, `ab`, `calibrate`
 and `serve` get their servers only through it.
 """
 from __future__ import annotations
@@ -20,7 +20,6 @@ from ..client.http import first_model, server_version
 from ..urls import redact_url
 
 Kind = Literal["url", "vllm", "sim", "embedded"]
-DEFAULT_HEALTH_TIMEOUT_S = 1800.0  # a recipe's own health_timeout_s applies when it has one
 
 
 @dataclass
@@ -46,7 +45,7 @@ class Target:
         return self.kind == "embedded"
 
     def public(self) -> dict:
-        """As sweep.json / ab.json record a side: no credentials."""
+        """As ab.json records a side: no credentials."""
         return {"spec": redact_url(self.spec) if self.kind == "url" else self.spec,
                 "kind": self.kind, "base_url": redact_url(self.url), "model": self.model,
                 "offload_tokens": self.offload_tokens}

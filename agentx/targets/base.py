@@ -4,8 +4,8 @@ Four kinds (docs/real-vllm.md, "How agentx gets a server"): `url` (a server alre
 running), `vllm` (a recipe point launched on vLLM), `sim` (a recipe point on the simulator,
 its own process) and `embedded` (the simulator beside the client, `agentx run` without
 --base-url). Each is a `Server`: a context manager whose `start()` returns the running
-`Target` (URL, model, kind, offload tier) and whose `stop()` leaves no process behind. `run`, `sweep`, `ab`, `calibrate`
-and `serve` get their servers only through it.
+`Target` (URL, model, kind, offload tier) and whose `stop()` leaves no process behind.
+`run`, `sweep`, `ab`, `calibrate` and `serve` get their servers only through it.
 """
 from __future__ import annotations
 

@@ -13,7 +13,6 @@ from .run import SIM_EXCLUDED, SIM_PREFIX
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.description = __doc__
     add_arguments(p, ABConfig, exclude=SIDE_FIELDS)
     add_arguments(p, SimConfig, prefix=SIM_PREFIX, group="simulator (recipe sides on the "
                   "simulator)", exclude=SIM_EXCLUDED)

@@ -9,7 +9,6 @@ from ..options import add_arguments, from_args
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.description = __doc__
     add_arguments(p, CalibrateConfig)
     p.set_defaults(func=main)
 

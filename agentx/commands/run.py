@@ -28,7 +28,6 @@ EXIT_FAILED, EXIT_ABORTED, EXIT_INTERRUPTED = 3, 4, 130  # 2: bad input (errors.
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.description = __doc__
     add_arguments(p, RunConfig)
     add_arguments(p, SimConfig, prefix=SIM_PREFIX, group=SIM_GROUP, exclude=SIM_EXCLUDED)
     p.set_defaults(func=main)

@@ -11,7 +11,6 @@ SOURCE = "serve-sim"
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.description = __doc__
     add_arguments(p, SimConfig)
     p.set_defaults(func=main)
 

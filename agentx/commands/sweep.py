@@ -59,7 +59,6 @@ class SweepCommand(Launch):
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.description = __doc__
     add_arguments(p, SweepCommand)
     p.set_defaults(func=main)
 

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentx.prefix_cache import PrefixCache
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.vllm_group("cache")]  # its own server settings
 
 BLOCK = 32
 POOL_BLOCKS = 24  # vLLM keeps one as its null block: 23 usable, 736 tokens

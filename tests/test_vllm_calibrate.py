@@ -35,8 +35,8 @@ def _check(tmp_path, key: str, k: int) -> dict:
     return c
 
 
-def test_calibrate_ngram(vllm_servers, tmp_path):
-    server = vllm_servers.get("ngram")  # K=3
+def test_calibrate_ngram(vllm_server_ngram, tmp_path):
+    server = vllm_server_ngram  # K=3
     code = main(["calibrate", "--url", f"3={server.base_url}", *SMALL, "--requests", "10",
                  "--golden-model", "tiny-ngram", "--golden", str(tmp_path / "g.yaml"),
                  "-o", str(tmp_path / "o")])

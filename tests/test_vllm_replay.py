@@ -44,7 +44,7 @@ def real_slice(tmp_path_factory) -> Path:
 
 
 def _replay(server, trace: Path, out: Path, **kw) -> tuple[dict, list[dict]]:
-    cfg = dict(trace=str(trace), conc=4, duration_s=60.0, base_url=server.base_url,
+    cfg = dict(trace=str(trace), conc=4, duration_s=20.0, base_url=server.base_url,
                context_scale=CONTEXT_SCALE, think_scale=0.01, max_think_s=0.5, seed=3,
                output_dir=str(out), progress=False, scrape_interval_s=2.0,
                drain_timeout_s=60.0, timeout_s=120.0)
@@ -63,9 +63,10 @@ def server_template_run(vllm_servers, real_slice, tmp_path_factory):
 def client_template_run(vllm_servers, vllm_assets, real_slice, tmp_path_factory):
     server = vllm_servers.get("plain")
     return server, *_replay(server, real_slice, tmp_path_factory.mktemp("ct"),
-                            tokenizer=str(vllm_assets.model_dir), duration_s=45.0)
+                            tokenizer=str(vllm_assets.model_dir), duration_s=15.0)
 
 
+@pytest.mark.vllm_group("plain")
 def test_replay_real_slice_no_errors_and_server_usage(server_template_run):
     _, s, recs = server_template_run
     print(f"\nreplay: {s['completed']} completed, {s['failed']} failed, "
@@ -78,6 +79,7 @@ def test_replay_real_slice_no_errors_and_server_usage(server_template_run):
     assert all(r["osl"] == r["osl_intended"] for r in recs)  # ignore_eos + max_tokens honoured
 
 
+@pytest.mark.vllm_group("plain")
 def test_token_exact_in_client_template_mode(client_template_run, server_template_run):
     _, s, recs = client_template_run
     exact = np.mean([r["isl"] == r["isl_intended"] for r in recs])
@@ -92,6 +94,7 @@ def test_token_exact_in_client_template_mode(client_template_run, server_templat
     assert np.percentile(np.abs(rel), 90) <= 0.02
 
 
+@pytest.mark.vllm_group("plain")
 def test_cached_tokens_match_the_trace_given_the_kv_pool(client_template_run):
     server, s, recs = client_template_run
     pool = s["server_metrics"]["kv_pool_tokens"]
@@ -138,17 +141,17 @@ async def _ours_ttft(base_url: str, body: dict, i: int) -> tuple[float, float]:
     return rec.ttft_ms, rec.server_ttft_ms
 
 
-async def test_client_ttft_agrees_with_server_ttft(vllm_servers, server_template_run):
+async def test_client_ttft_agrees_with_server_ttft(vllm_server, server_template_run):
     """Client TTFT minus vLLM's per-request time_to_first_token_ms. That gap holds the HTTP
     round trip and the server's front end (parsing, chat template, tokenization, IPC to the
     engine core), which vLLM's clock does not see, plus our own delay. To bound *our* share,
     the same prompts go alternately through our client and the plainest reference client
     (blocking http.client): the gaps must agree. Under the replay load the gap is reported."""
-    server = vllm_servers.get("plain")
+    server = vllm_server
     f = BlockFactory(WORDS)
     ours, raw = [], []
     loop = asyncio.get_running_loop()
-    for i in range(24):
+    for i in range(48):
         body = {"model": server.model, "stream": True, "max_tokens": 8, "ignore_eos": True,
                 "messages": [{"role": "user", "content": f.text("ttft", i, 1500)}],
                 "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
@@ -174,9 +177,9 @@ async def test_client_ttft_agrees_with_server_ttft(vllm_servers, server_template
     assert np.median(gl) <= 150.0
 
 
-@pytest.mark.parametrize("kind", ["ngram", "eagle3"])
-def test_acceptance_length_scraper_vs_client_chunks(vllm_servers, tmp_path, kind):
-    server = vllm_servers.get(kind)
+@pytest.mark.parametrize("vllm_spec_server", ["ngram", "eagle3"], indirect=True)
+def test_acceptance_length_scraper_vs_client_chunks(vllm_spec_server, tmp_path):
+    server, kind = vllm_spec_server, vllm_spec_server.speculative_config["method"]
     trace = write_trace(tmp_path / "tr", sessions=4, turns=6, think=0.0, out=128)
     s, recs = _replay(server, trace, tmp_path / "out", context_scale=1.0, conc=2,
                       duration_s=None, max_requests=16, scrape_interval_s=1.0)

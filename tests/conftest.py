@@ -1,8 +1,14 @@
 """Shared fixtures and the one place that knows where the test data lives (tests/data)."""
 from __future__ import annotations
 
+import gc
+import logging
+import os
+import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
 
@@ -29,3 +35,67 @@ def real_stats() -> dict:
 @pytest.fixture(scope="session")
 def samples_dir() -> Path:
     return SAMPLES
+
+
+@dataclass
+class CliResult:
+    """What a shell would see of one `agentx` command: exit code and the two streams."""
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP", "SIGPIPE")
+                 if hasattr(signal, n))
+
+
+@pytest.fixture
+def cli(capfd: pytest.CaptureFixture[str]) -> Iterator[Callable[..., CliResult]]:
+    """Run `agentx ARGS` in this process (`agentx.cli.main`), ~1 s cheaper than a subprocess.
+
+    For tests whose subject is the command's behaviour, not a separate process (signals,
+    kills, interpreter start-up keep their subprocess). Each call captures file-descriptor
+    output (so logging and child processes are caught too) and returns a CliResult; whatever
+    a command leaves behind in the process (environment, working directory, signal handlers,
+    logging handlers and levels, switch interval, gc state) is put back afterwards.
+    """
+    from agentx.cli import main
+
+    env, cwd, switch = dict(os.environ), os.getcwd(), sys.getswitchinterval()
+    handlers = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+    loggers = {name: (lg.handlers[:], lg.level, lg.propagate) for name, lg in
+               [("", logging.getLogger()), *logging.Logger.manager.loggerDict.items()]
+               if isinstance(lg, logging.Logger)}
+
+    def run(*args: object) -> CliResult:
+        capfd.readouterr()  # drop anything printed before
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exit_:  # argparse errors and --help exit as a process would
+            code = exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 1
+            if isinstance(exit_.code, str):
+                print(exit_.code, file=sys.stderr)
+        out, err = capfd.readouterr()
+        return CliResult(int(code or 0), out, err)
+
+    try:
+        yield run
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(cwd)
+        sys.setswitchinterval(switch)
+        if not gc.isenabled():
+            gc.enable()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        for name, lg in list(logging.Logger.manager.loggerDict.items()) + [("", None)]:
+            logger = logging.getLogger() if name == "" else lg
+            if not isinstance(logger, logging.Logger):
+                continue
+            hs, level, propagate = loggers.get(name, ([], logging.NOTSET, True))
+            for h in logger.handlers[:]:
+                if h not in hs:
+                    logger.removeHandler(h)
+            logger.setLevel(level)
+            logger.propagate = propagate

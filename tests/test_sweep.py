@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from agentx.recipe.inferencex import inferencex_fields
 from agentx.recipe.load import load_recipe, recipes_dir
 
-# short cells: the simulator 50x real time, think times x0.01, 5 s per cell, 2 s drain
-FAST = ["--sim", "--duration", "5", "--warmup", "0", "--sim-time-scale", "50",
+# short cells: the simulator 50x real time, think times x0.01, 2 s per cell, 2 s drain
+FAST = ["--sim", "--duration", "2", "--warmup", "0", "--sim-time-scale", "50",
         "--set", "think_scale=0.01", "--set", "drain_timeout_s=2"]
 IX_KEYS = {"hw", "conc", "image", "model", "framework", "precision", "spec_decoding", "disagg",
            "scenario_type", "tp", "ep", "dp_attention", "kv_offloading", "kv_offload_backend",
@@ -23,9 +22,10 @@ IX_KEYS = {"hw", "conc", "image", "model", "framework", "precision", "spec_decod
            "recipe", "point"}
 
 
-def _sweep(*args: str | Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agentx.cli", "sweep", *map(str, args)],
-                          capture_output=True, text=True, timeout=300, check=False)
+@pytest.fixture
+def sweep(cli):
+    """`agentx sweep ARGS`, in this process (conftest `cli`)."""
+    return lambda *args: cli("sweep", *args)
 
 
 def _summary(cell: Path) -> dict:
@@ -64,9 +64,9 @@ def test_inferencex_fields_from_recipe_and_summary():
     assert g["allocated_cpu_dram_gb"] == 1234 and g["kv_offload_backend"] == "mooncake"
 
 
-def test_sweep_h200_against_the_simulator(tmp_path):
+def test_sweep_h200_against_the_simulator(tmp_path, sweep):
     out = tmp_path / "sweep"
-    proc = _sweep("minimaxm3-fp8-h200", *FAST, "--conc", "1,4", "-o", out)
+    proc = sweep("minimaxm3-fp8-h200", *FAST, "--conc", "1,4", "-o", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "serving with the simulator" in proc.stderr
     cells = _cells(out)
@@ -90,12 +90,12 @@ def test_sweep_h200_against_the_simulator(tmp_path):
     assert (out / "pareto.png").stat().st_size > 1000
 
 
-def test_sweep_cell_with_a_handful_of_requests_is_insufficient(tmp_path):
+def test_sweep_cell_with_a_handful_of_requests_is_insufficient(tmp_path, sweep):
     """Four requests in the window (an H200 cell at --warmup 0 measured 1): the verdict is
     insufficient, never pass, in sweep.json, summary.json and runs.csv, the console says so,
     and the cell stays off the Pareto frontier; the plot lists it."""
     out = tmp_path / "sweep"
-    proc = _sweep("minimaxm3-fp8-h200", *FAST, "--conc", "2", "--set", "max_requests=4",
+    proc = sweep("minimaxm3-fp8-h200", *FAST, "--conc", "2", "--set", "max_requests=4",
                   "--set", "duration_s=0", "-o", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (cell,) = _cells(out)
@@ -113,9 +113,9 @@ def test_sweep_cell_with_a_handful_of_requests_is_insufficient(tmp_path):
     assert "insufficient" in proc.stdout and (out / "pareto.png").stat().st_size > 1000
 
 
-def test_sweep_b300_points_and_resume(tmp_path):
+def test_sweep_b300_points_and_resume(tmp_path, sweep):
     out = tmp_path / "sweep"
-    proc = _sweep("minimaxm3-fp4-b300", *FAST, "--points", "0,3", "--conc", "2", "-o", out)
+    proc = sweep("minimaxm3-fp4-b300", *FAST, "--points", "0,3", "--conc", "2", "-o", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     p0, p3 = out / "p0-tp4" / "c2", out / "p3-tp1-dp8-ep" / "c2"
     s3 = _summary(p3)
@@ -125,7 +125,7 @@ def test_sweep_b300_points_and_resume(tmp_path):
     assert _summary(p0)["request_metrics"]["throughput"]["per_gpu"]
     before = {d: (d / "summary.json").stat().st_mtime_ns for d in (p0, p3)}
 
-    proc = _sweep("minimaxm3-fp4-b300", *FAST, "--points", "0", "--conc", "2,4", "-o", out,
+    proc = sweep("minimaxm3-fp4-b300", *FAST, "--points", "0", "--conc", "2,4", "-o", out,
                   "--resume")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [(c["conc"], c["status"]) for c in _cells(out)] == [(2, "skipped"), (4, "ok")]
@@ -135,7 +135,7 @@ def test_sweep_b300_points_and_resume(tmp_path):
     assert sorted(int(r["conc"]) for r in _csv(out)) == [2, 4]
 
 
-def test_failed_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
+def test_failed_cell_is_recorded_and_the_sweep_goes_on(tmp_path, sweep):
     data = yaml.safe_load((recipes_dir() / "minimaxm3-fp8-h200.yaml").read_text())
     # MiniMax-M3 FP8 does not fit one H200: the simulator refuses to start at tp 1
     data["points"] = [{"name": "too-small", "tp": 1, "kv_offload": "none", "conc": [2, 4]},
@@ -143,7 +143,7 @@ def test_failed_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text(yaml.safe_dump(data))
     out = tmp_path / "sweep"
-    proc = _sweep(path, *FAST, "-o", out)
+    proc = sweep(path, *FAST, "-o", out)
     assert proc.returncode == 1
     assert "2 of 3 cell(s) failed" in proc.stderr
     cells = _cells(out)
@@ -152,5 +152,5 @@ def test_failed_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert "weights do not fit" in cells[0]["error"]
     assert "did not start" in cells[1]["error"]  # not launched again for the same point
     assert [r["point"] for r in _csv(out)] == ["fits"]
-    again = _sweep(path, *FAST, "-o", out)  # an existing sweep needs --resume
+    again = sweep(path, *FAST, "-o", out)  # an existing sweep needs --resume
     assert again.returncode == 2 and "--resume" in again.stderr

@@ -6,8 +6,6 @@ import gzip
 import io
 import json
 import lzma
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -16,8 +14,6 @@ import pytest
 from agentx.errors import InputError
 from agentx.trace.load import BUILTIN_TRACES, load_traces
 from agentx.trace.model import Subagent, Turn
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _session(sid: str, base: int = 0) -> dict:
@@ -281,12 +277,11 @@ def test_malformed_mooncake_line(tmp_path):
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-def test_cli_malformed_exits_2_with_one_line(tmp_path, case):
+def test_cli_malformed_exits_2_with_one_line(tmp_path, case, cli):
     name, data, where, field = BAD[case]
     p = tmp_path / name
     p.write_bytes(data)
-    r = subprocess.run([sys.executable, "-m", "agentx.cli", "trace", "stats", str(p)],
-                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    r = cli("trace", "stats", p)  # in-process (conftest); the exit code is main()'s
     assert r.returncode == 2
     assert r.stdout == ""
     lines = r.stderr.splitlines()

@@ -105,9 +105,21 @@ class LiveStats:
     errors: int = 0
     recent_ttft_ms: list[float] = field(default_factory=list)
     recent_tpot_ms: list[float] = field(default_factory=list)
+    output_tokens: int = 0  # of the requests done so far (warm-up included)
+    # the run's phases for the progress display (report/progress.py), in seconds since the
+    # lanes started: relative, so worker processes and Ray actors on other clocks agree
+    running: bool = False  # the lanes have started
+    start_wall: float = 0.0  # when (time.time(): the one clock the driver and workers share)
+    ramp_up_s: float = 0.0
+    warmup_end_s: float | None = None  # None: an auto warm-up not over yet
+    duration_s: float | None = None  # --duration (None: --max-requests only)
+    limit_s: float | None = None  # when the duration timer stops the run (None: no timer)
+    max_requests: int | None = None
+    stopping: bool = False  # no new request: in-flight ones draining
 
     def note(self, rec: RequestRecord) -> None:
         self.done += 1
+        self.output_tokens += rec.osl or 0
         if not rec.ok:
             self.errors += 1
             return
@@ -189,6 +201,7 @@ class Engine:
         if not self._stop.is_set():
             self.stop_reason = reason
             self.stop_ns = perf_ns()
+            self.stats.stopping = True
             self._stop.set()
             for fut in self._sleepers:
                 _wake(fut)
@@ -217,6 +230,10 @@ class Engine:
         self.t_start_ns = t0_ns if t0_ns is not None else perf_ns()
         # auto: unknown until every lane's first request has ended (_first_ended)
         self.warmup_end_ns = NEVER if cfg.warmup_auto else self.t_start_ns + int(cfg.warmup_s * 1e9)
+        self.stats.ramp_up_s, self.stats.duration_s = cfg.ramp_up_s, cfg.duration_s
+        self.stats.warmup_end_s = None if cfg.warmup_auto else cfg.warmup_s
+        self.stats.max_requests, self.stats.running = cfg.max_requests, True
+        self.stats.start_wall = time.time() - (perf_ns() - self.t_start_ns) / 1e9
         self._first_pending = set(lanes)
         if cfg.max_requests is not None:
             # each lane gets a fixed share, so which requests run never depends on timing
@@ -244,6 +261,7 @@ class Engine:
             self._timer.cancel()
         self._timer = asyncio.get_running_loop().call_later(max(0.0, seconds), self._end,
                                                             "duration")
+        self.stats.limit_s = (perf_ns() - self.t_start_ns) / 1e9 + max(0.0, seconds)
 
     def _first_ended(self, lane: int, end_ns: int) -> None:
         """`lane`'s first request ended at `end_ns` (or the lane ended without one). When it
@@ -260,6 +278,7 @@ class Engine:
         self.first_done_ns = self._first_end_max
         if self.cfg.warmup_auto:
             self.warmup_end_ns = self.first_done_ns
+            self.stats.warmup_end_s = (self.first_done_ns - self.t_start_ns) / 1e9
             if self.cfg.duration_s:
                 self._arm(self.cfg.duration_s)
 

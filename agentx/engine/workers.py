@@ -66,8 +66,18 @@ def auto_workers(conc: int, cores: int | None = None, reserve: int = 0) -> int:
 
 def merge_live(s: LiveStats, vals: list[dict]) -> None:
     """Fold the workers' latest counters (asdict(LiveStats) each) into `s`."""
-    for f in ("sessions_active", "in_flight", "started", "done", "errors"):
+    for f in ("sessions_active", "in_flight", "started", "done", "errors", "output_tokens"):
         setattr(s, f, sum(v[f] for v in vals))
+    # phases: the run's are its slowest worker's (all share the start and the settings)
+    s.running, s.stopping = any(v["running"] for v in vals), any(v["stopping"] for v in vals)
+    s.start_wall = min((v["start_wall"] for v in vals if v["start_wall"]), default=0.0)
+    s.ramp_up_s = max((v["ramp_up_s"] for v in vals), default=0.0)
+    s.duration_s = next((v["duration_s"] for v in vals if v["duration_s"] is not None), None)
+    budgets = [v["max_requests"] for v in vals]  # each worker's share
+    s.max_requests = None if None in budgets or not budgets else sum(budgets)
+    for f in ("warmup_end_s", "limit_s"):
+        ends = [v[f] for v in vals]
+        setattr(s, f, None if None in ends else max(ends, default=None))
     s.max_in_flight = max(s.max_in_flight, s.in_flight)
     s.max_sessions_active = max(s.max_sessions_active, s.sessions_active)
     s.recent_ttft_ms = [x for v in vals for x in v["recent_ttft_ms"][-128:]]

@@ -11,7 +11,8 @@ from pydantic import BeforeValidator, SecretStr, field_validator, model_validato
 
 from .golden import GoldenPin
 from .metrics.goodput import slo_option
-from .options import FieldError, StrictModel, opt
+from .metrics.percentiles import PercentilesOption
+from .options import FieldError, opt
 from .rundir import default_dir, trace_label
 from .urls import normalise_base_url, redact_url
 
@@ -75,7 +76,7 @@ RAMP_LANES_PER_S = 8.0
 RAMP_MAX_S = 30.0
 
 
-class RunConfig(StrictModel):
+class RunConfig(PercentilesOption):  # --percentiles: declared once, shared with sweep, report
     # --- workload ---
     trace: str = opt("swe", "built-in name (swe) or path", group=WORKLOAD, min_length=1)
     conc: int = opt(8, "concurrent session lanes", group=WORKLOAD, ge=1, le=65536)

@@ -9,7 +9,7 @@ calculate_metrics); std is the population std (`np.std`, ddof=0, as there).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -17,15 +17,18 @@ PCTS = (10, 50, 75, 90, 95, 99)
 KEYS = ("count", "mean", "std", "min", "max", *(f"p{p}" for p in PCTS))
 
 
-def dist(values: Iterable[float | None]) -> dict:
-    """Summary of `values`; None entries (a metric undefined for some request) are skipped."""
+def dist(values: Iterable[float | None], extra: Sequence[tuple[str, float]] = ()) -> dict:
+    """Summary of `values`; None entries (a metric undefined for some request) are skipped.
+    `extra`: more percentiles as (key, q) pairs (`--percentiles`, metrics/percentiles.py)."""
     a = np.fromiter((v for v in values if v is not None), dtype=float)
+    more = [(k, q) for k, q in extra if k not in KEYS]
     if a.size == 0:
-        return {"count": 0, **{k: None for k in KEYS[1:]}}
-    q = np.percentile(a, PCTS)
+        return {"count": 0, **{k: None for k in KEYS[1:]}, **{k: None for k, _ in more}}
+    q = np.percentile(a, [*PCTS, *(x for _, x in more)])
     return {"count": int(a.size), "mean": float(a.mean()), "std": float(a.std()),
             "min": float(a.min()), "max": float(a.max()),
-            **{f"p{p}": float(v) for p, v in zip(PCTS, q)}}
+            **{f"p{p}": float(v) for p, v in zip(PCTS, q)},
+            **{k: float(v) for (k, _), v in zip(more, q[len(PCTS):])}}
 
 
 def percentile(values: Iterable[float | None], p: float) -> float | None:

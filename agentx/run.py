@@ -318,7 +318,8 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
     server_metrics = scraper.compute(ccfg.model) if scraper else None
     sm = server_metrics or {}
     s = summarize(records, window_s=win.seconds, gpus=cfg.gpus,
-                  block_size=sm.get("kv_block_size"), kv_pool_tokens=sm.get("kv_pool_tokens"))
+                  block_size=sm.get("kv_block_size"), kv_pool_tokens=sm.get("kv_pool_tokens"),
+                  percentiles=cfg.percentiles)
     s["throughput"].update(server_throughput(server_metrics))
     s["throughput"].update(delivered(records, win.start_ns, win.stop_ns))
     s["throughput"]["headline"] = headline(s["throughput"], cfg.gpus)

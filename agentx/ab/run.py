@@ -27,7 +27,7 @@ from ..rundir import RunDir
 from ..targets.base import Target
 from .sides import Side, open_side
 from .spec import ABConfig, default_ab_dir
-from .stats import compare, point, side_data, too_thin
+from .stats import ab_metrics, compare, point, side_data, too_thin
 
 AB_JSON = "ab.json"
 
@@ -134,7 +134,8 @@ def _document(cfg: ABConfig, out: Path, sides: dict[str, Side],
         by_run[name] = [point(side_data(recs, r["throughput"]["window_s"])) if measured(recs)
                         else None for recs, r in zip(per, runs)]
     metrics = compare(data["a"], data["b"], replicates=cfg.bootstrap, seed=cfg.seed,
-                      min_sessions=cfg.min_sessions, min_requests=cfg.min_samples)
+                      min_sessions=cfg.min_sessions, min_requests=cfg.min_samples,
+                      metrics=ab_metrics(cfg.percentiles))
     thin = {name: why for name in ("a", "b")
             if (why := too_thin(data[name], cfg.min_sessions, cfg.min_samples))}
     return {"a": {**_side_summary(sides.get("a"), summaries["a"]), "label": cfg.side_name("a")},

@@ -169,14 +169,14 @@ def _ratio(m: Ratio) -> Callable[[SideData, np.ndarray], np.ndarray]:
     return f
 
 
-def ab_metrics() -> tuple[ABMetric, ...]:
-    """What `agentx ab` compares, in catalog order: each distribution's `ab` percentiles and
-    each ratio with `ab`."""
+def ab_metrics(percentiles: Sequence[float] | None = None) -> tuple[ABMetric, ...]:
+    """What `agentx ab` compares, in catalog order: each distribution's `ab` percentiles (or
+    `--percentiles`, for every distribution that has `ab` ones) and each ratio with `ab`."""
     out: list[ABMetric] = []
     for m in CATALOG:
         if isinstance(m, Dist):
             out += [ABMetric(m.column(q), m.pct_label(q), m.higher_is_better, m.unit,
-                             _pct(m.key, q)) for q in m.ab]
+                             _pct(m.key, q)) for q in (percentiles or m.ab if m.ab else ())]
         elif m.ab:
             out.append(ABMetric(m.key, m.name, m.higher_is_better, m.unit, _ratio(m)))
     return tuple(out)

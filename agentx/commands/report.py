@@ -10,10 +10,11 @@ from typing import Annotated
 from pydantic import BeforeValidator
 
 from ..metrics.goodput import slo_option
-from ..options import StrictModel, add_arguments, from_args, opt
+from ..metrics.percentiles import PercentilesOption
+from ..options import add_arguments, from_args, opt
 
 
-class ReportOptions(StrictModel):
+class ReportOptions(PercentilesOption):
     dirs: list[str] = opt(None, "run directories, or directories holding run directories",
                           factory=list, positional=True, metavar="DIR", min_length=1)
     gpus: int | None = opt(None, "GPUs behind the server, for runs that did not record --gpus "
@@ -45,6 +46,11 @@ def run(o: ReportOptions) -> int:
 
     console = make_console()
     runs = [load_run(d, gpus=o.gpus, slo=o.slo) for d in find_runs(o.dirs)]
+    if o.percentiles:  # computed from the records where the run's summary lacks them
+        from ..metrics.summary import add_percentiles
+
+        for r in runs:
+            add_percentiles(r.summary, r.records, o.percentiles)
     for r in runs:
         for note in r.notes:
             console.print(f"agentx report: {r.dir}: {note}")

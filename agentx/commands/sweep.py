@@ -9,12 +9,13 @@ from pathlib import Path
 from pydantic import field_validator
 
 from ..config import SecondsOrAuto
+from ..metrics.percentiles import PercentilesOption
 from ..options import add_arguments, from_args, opt
 from ..rundir import default_dir
 from .recipe import Launch
 
 
-class SweepCommand(Launch):
+class SweepCommand(Launch, PercentilesOption):
     recipe: str = opt("", "recipe name (recipes/NAME.yaml) or file", positional=True,
                       metavar="NAME|PATH", min_length=1)
     base_url: str | None = opt(None, "use this running server for every point instead of "
@@ -51,7 +52,8 @@ class SweepCommand(Launch):
         from ..yamlconf import load_value
 
         out: dict = {k: v for k, v in (("duration_s", self.duration_s),
-                                       ("warmup_s", self.warmup_s)) if v is not None}
+                                       ("warmup_s", self.warmup_s),
+                                       ("percentiles", self.percentiles)) if v is not None}
         for item in self.run_set:
             key, _, value = item.partition("=")
             out[key.strip()] = load_value(value, "command line --set")

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from . import definitions as d
+from .percentiles import pct_key, pct_name
 
 VLLM_CLIENT = "vllm/benchmarks/lib/endpoint_request_func.py"
 VLLM_SERVE = "vllm/benchmarks/serve.py (calculate_metrics)"
@@ -42,8 +43,8 @@ class Dist:
     value: Callable[[Mapping], object]
     pooled: bool = False  # several values per request (A/B cannot resample it per request)
     slo: str | None = None  # its --slo / vLLM --goodput name
-    ab: tuple[int, ...] = ()  # percentiles `agentx ab` compares
-    csv: tuple[int, ...] = ()  # percentiles runs.csv carries
+    ab: tuple[float, ...] = ()  # percentiles `agentx ab` compares (default of --percentiles)
+    csv: tuple[float, ...] = ()  # percentiles runs.csv carries (default of --percentiles)
     cdf: tuple[str, ...] = ()  # figures that draw its CDF (RUN_CDF, AB_CDF)
     console_label: str = ""  # the console row's label when not "<name> <unit>"
     column_format: str = ""  # "<stem>_p{q}_<unit>" when the key does not end in _ms
@@ -65,14 +66,15 @@ class Dist:
         """A CDF's x label: `TTFT (ms)`."""
         return f"{self.name} ({self.unit})"
 
-    def column(self, q: int) -> str:
-        """The name of its q-th percentile in runs.csv and ab.json: `ttft_p50_ms`."""
+    def column(self, q: float) -> str:
+        """The name of its q-th percentile in runs.csv and ab.json: `ttft_p50_ms`,
+        `ttft_p99_9_ms` (metrics/percentiles.py)."""
         fmt = self.column_format or f"{self.key.removesuffix('_ms')}_p{{q}}_ms"
-        return fmt.format(q=q)
+        return fmt.format(q=pct_name(q))
 
-    def pct_label(self, q: int) -> str:
-        """`TTFT p50 ms`."""
-        return f"{self.name} p{q} {self.unit}"
+    def pct_label(self, q: float) -> str:
+        """`TTFT p50 ms`, `TTFT p99.9 ms`."""
+        return f"{self.name} p{q:g} {self.unit}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,8 +178,12 @@ def cdf_metrics(figure: str) -> tuple[Dist, ...]:
 
 
 def csv_columns(summary: Mapping) -> dict[str, float | None]:
-    """runs.csv's percentile columns of one run, from its summary."""
-    return {m.column(q): (summary.get(m.key) or {}).get(f"p{q}") for m in DISTS for q in m.csv}
+    """runs.csv's percentile columns of one run, from its summary: each metric's `csv`
+    percentiles (always there: tools read them), plus the summary's --percentiles for every
+    metric that has csv columns."""
+    chosen = tuple(summary.get("percentiles") or ())
+    return {m.column(q): (summary.get(m.key) or {}).get(pct_key(q))
+            for m in DISTS for q in (sorted({*m.csv, *chosen}) if m.csv else ())}
 
 
 def _check() -> None:

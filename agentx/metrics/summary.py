@@ -10,14 +10,15 @@ neither crash a summary nor enter it.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 from ..dist import dist
 from ..records import record_problem
 from .catalog import DISTS, RATIOS
 from .definitions import prompt_tokens
+from .percentiles import pct_key
 
-__all__ = ["dist", "measured", "summarize"]
+__all__ = ["add_percentiles", "dist", "measured", "summarize"]
 
 
 def measured(records: Iterable[dict]) -> list[dict]:
@@ -32,8 +33,12 @@ def _by_class(failed: list[dict]) -> dict[str, int]:
 
 
 def summarize(records: list[dict], *, window_s: float, gpus: int | None = None,
-              block_size: int | None = None, kv_pool_tokens: int | None = None) -> dict:
-    """The summary numbers other tools read (keys are a contract: see docs/metrics.md)."""
+              block_size: int | None = None, kv_pool_tokens: int | None = None,
+              percentiles: Sequence[float] | None = None) -> dict:
+    """The summary numbers other tools read (keys are a contract: see docs/metrics.md).
+    `percentiles` (--percentiles) adds keys to the catalog's distributions and is recorded
+    as the summary's `percentiles`, which its views show."""
+    extra = [(pct_key(q), q) for q in percentiles or ()]
     meas, impossible = [], []
     for r in records:
         if r["ok"] and not r["warmup"]:
@@ -67,7 +72,7 @@ def summarize(records: list[dict], *, window_s: float, gpus: int | None = None,
         # what 429/503 answers' Retry-After made the lanes wait, warm-up included (s)
         "retry_after_s": sum(r.get("retry_after_s") or 0.0 for r in records),
         "retry_after_responses": sum(1 for r in records if r.get("retry_after_s") is not None),
-        **{m.key: dist(v for r in meas for v in m.values(r)) for m in DISTS},
+        **{m.key: dist((v for r in meas for v in m.values(r)), extra) for m in DISTS},
         "throughput": throughput,
         "tokens": {"input": isl, "output": osl,
                    "reasoning": sum(r["reasoning_tokens"] for r in meas),
@@ -94,4 +99,22 @@ def summarize(records: list[dict], *, window_s: float, gpus: int | None = None,
     }
     for m in RATIOS:  # output_tok_s, achieved_hit_rate: defined once, for A/B too
         out[m.summary[0]][m.summary[1]] = m.over(meas, window_s)
+    out["percentiles"] = list(percentiles) if percentiles else None
     return out
+
+
+def add_percentiles(summary: dict, records: Iterable[Mapping],
+                    percentiles: Sequence[float]) -> dict:
+    """`agentx report --percentiles` on a finished run: the catalog distributions' missing
+    percentile keys computed from its records (same rule as `dist`), in memory, and the
+    summary's `percentiles` set to what the report shows."""
+    meas = measured(list(records))
+    need = [(pct_key(q), q) for q in percentiles]
+    for m in DISTS:
+        d = summary.get(m.key)
+        if not isinstance(d, dict) or all(k in d for k, _ in need):
+            continue
+        fresh = dist((v for r in meas for v in m.values(r)), need)
+        d.update({k: fresh[k] for k, _ in need if k not in d})
+    summary["percentiles"] = list(percentiles)
+    return summary

@@ -4,7 +4,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from ..metrics.arrivals import arrivals_line
 from ..metrics.catalog import DISTS
+from ..metrics.percentiles import pct_key, shown
 from ..metrics.window import headline, not_steady_note
 from .target import target_text
 
@@ -29,7 +31,10 @@ def _f(v: float | None, nd: int = 1) -> str:
 def title(summary: dict) -> str:
     """`agentx — swe conc 8 — simulator h200-minimaxm3-fp8`: the workload and the target."""
     cfg = summary.get("config") or {}
-    return (f"agentx — {cfg.get('trace') or '?'} conc {cfg.get('conc') or '?'} — "
+    load = (f"rate {cfg['session_rate']:g}/s" if cfg.get("session_rate")
+            else "trace arrivals" if cfg.get("arrivals") == "trace"
+            else f"conc {cfg.get('conc') or '?'}")
+    return (f"agentx — {cfg.get('trace') or '?'} {load} — "
             f"{target_text(summary)}")
 
 
@@ -37,19 +42,20 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     console = console or make_console()
     t = Table(title=title(summary))
     t.add_column("metric")
-    for c in ("n", "mean", "p50", "p90", "p99"):
+    pcts = shown(summary)  # --percentiles, else p50, p90, p99
+    for c in ("n", "mean", *(f"p{q:g}" for q in pcts)):
         t.add_column(c, justify="right")
     thin = False
     for m in DISTS:  # the catalog's order
         d = summary.get(m.key) or {}
         n = d.get("count")
         flag = n is not None and 0 < n < THIN_P99
-        thin |= flag
-        t.add_row(m.label, "-" if n is None else f"{n:,}",
-                  *(_f(d.get(c)) for c in ("mean", "p50", "p90")),
-                  _f(d.get("p99")) + (" †" if flag else ""))
+        thin |= flag and max(pcts) >= 99
+        t.add_row(m.label, "-" if n is None else f"{n:,}", _f(d.get("mean")),
+                  *(_f(d.get(pct_key(q))) + (" †" if flag and q >= 99 else "") for q in pcts))
     if thin:
-        t.caption = f"n: values per metric; † p99 of fewer than {THIN_P99} values (near the maximum)"
+        t.caption = (f"n: values per metric; † p99 or above of fewer than {THIN_P99} values "
+                     "(near the maximum)")
     console.print(t)
     cache = summary["cache"]
     lines = [
@@ -58,6 +64,8 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         cache_line(cache),
     ]
     lines[1:1] = window_lines(summary)
+    if summary.get("arrivals"):  # open loop: offered vs achieved, the cap's waits
+        lines.insert(1, arrivals_line(summary["arrivals"]))
     gp = summary.get("goodput")
     if gp:
         slo = ", ".join(f"{k} <= {v:g} ms" for k, v in gp["slo_ms"].items())

@@ -69,7 +69,8 @@ def report_many(runs: list[Run], out: Path, console: Console, *, goodput: bool =
 
 def write_csv(rows: list[dict], path: Path) -> Path:
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        # runs with different --percentiles have different columns: every one, first seen first
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
         w.writeheader()
         w.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in rows)
     return path

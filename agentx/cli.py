@@ -53,6 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = build_parser(command_of(argv)).parse_args(argv)
+        if getattr(args, "config", None) or getattr(args, "print_config", False):
+            from .yamlconf import print_config, read_config
+
+            read_config(args)  # --config FILE: its options under the flags
+            if getattr(args, "print_config", False):
+                return print_config(args)
         return int(args.func(args) or 0)
     except (InputError, RunLost) as err:
         print(str(err), file=sys.stderr)

@@ -6,6 +6,10 @@ type, default, bounds, help, and optionally its flag, its old spellings and its 
 `from_args` turns the parsed flags back into a validated model, so a new option is one line in
 one place. Old spellings stay accepted, hidden, with a one-line deprecation on stderr, so
 scripts written against them keep working after a rename.
+Every command with an option model also takes `--config FILE` (the same options as YAML, flags
+overriding it) and `--print-config`: `add_arguments` records each model it adds as a `Section`
+of the parser, agentx.yamlconf reads the file into the namespace, and `values_from_args` lays
+the flags over the file's values, remembering which file line each came from for the errors.
 Unknown keys are errors (`extra="forbid"`, as inference-perf's `StrictBaseModel`), and every
 validation error becomes one `InputError` line naming the source, line and field.
 """
@@ -15,6 +19,7 @@ import argparse
 import sys
 import types
 import typing
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import orjson
@@ -23,6 +28,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from .errors import InputError
 
 M = TypeVar("M", bound=BaseModel)
+REDACTED = "<redacted>"  # a secret's value where a config is written out
+SECTIONS = "option_sections"  # namespace attribute: the parser's option models (Section)
+FILE_VALUES = "config_values"  # namespace attribute: --config's values per section prefix
 
 
 class StrictModel(BaseModel):
@@ -46,15 +54,18 @@ class FieldError(ValueError):
 def opt(default: Any = None, help: str = "", *, flag: str | None = None,
         short: str | None = None, group: str | None = None, cli: bool = True,
         factory: Any = None, repeat: bool = False, old: tuple[str, ...] = (),
-        positional: bool = False, metavar: str | None = None, **bounds: Any) -> Any:
+        positional: bool = False, metavar: str | None = None, negatable: bool = True,
+        **bounds: Any) -> Any:
     """A field with its help text, optional flag name (default `--field-name`) and short
     alias (`-o`), argparse group and pydantic bounds (`ge`, `gt`, `le`, `lt`, `min_length`,
     ...). `factory` builds a mutable default; `cli=False` keeps a field off the command line;
     `repeat=True` makes the flag repeatable (the field's validator gets the list of values);
     `old` lists former spellings (`"--out"`), still accepted with a deprecation line;
-    `positional=True` makes it an argument (a list field takes one or more)."""
+    `positional=True` makes it an argument (a list field takes one or more; it may instead
+    come from --config); `negatable=False` gives a bool flag no `--no-` form."""
     extra = {"flag": flag, "short": short, "group": group, "cli": cli, "repeat": repeat,
-             "old": list(old), "positional": positional, "metavar": metavar}
+             "old": list(old), "positional": positional, "metavar": metavar,
+             "negatable": negatable}
     if factory is not None:
         return Field(default_factory=factory, description=help, json_schema_extra=extra, **bounds)
     return Field(default, description=help, json_schema_extra=extra, **bounds)
@@ -108,12 +119,48 @@ class OldSpelling(argparse.Action):
         setattr(ns, self.dest, value)
 
 
+class ConfigFile(StrictModel):
+    """The two options every command with an option model has (docs/commands.md)."""
+
+    config: str | None = opt(None, "read options from this YAML file (keys: the option "
+                             "names, e.g. max_requests or max-requests; flags given override "
+                             "it)", metavar="FILE", group="config file")
+    print_config: bool = opt(False, "print the effective options (file, flags, defaults) as "
+                             "YAML that --config reads back, secrets redacted, and exit",
+                             group="config file", negatable=False)
+
+
+@dataclass(frozen=True)
+class Section:
+    """One option model of a command: its fields are the file's top-level keys (no prefix)
+    or the keys under `key:` (`--sim-*` flags: under `sim:`)."""
+
+    model: type[BaseModel]
+    prefix: str = ""
+    exclude: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return self.prefix.rstrip("-").replace("-", "_")
+
+    def fields(self) -> list[tuple[str, Any]]:
+        return cli_fields(self.model, self.exclude)
+
+
 def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel], *, prefix: str = "",
                   group: str | None = None, exclude: tuple[str, ...] = ()) -> None:
     """Add one flag per field. Values reach `from_args` as given (strings); the model converts
     and bounds them, so argparse never prints its own multi-line usage error for a bad value.
     Flags not given are absent from the namespace, and the model's defaults apply. Each action
-    carries `field` = (model, field name), so a test can tell derived flags from hand-written."""
+    carries `field` = (model, field name), so a test can tell derived flags from hand-written.
+    The first model added to a parser also brings --config and --print-config."""
+    sections = parser.get_default(SECTIONS)
+    if sections is None and model is not ConfigFile:
+        sections = []
+        parser.set_defaults(**{SECTIONS: sections})
+        add_arguments(parser, ConfigFile)
+    if model is not ConfigFile:
+        sections.append(Section(model, prefix, exclude))
     groups: dict[str, Any] = {}
     for name, f in cli_fields(model, exclude):
         g_name = group or _meta(f).get("group")
@@ -132,12 +179,13 @@ def _add_field(target: Any, name: str, f: Any, prefix: str) -> list[argparse.Act
     default = f.get_default(call_default_factory=True)
     tp = _strip_optional(f.annotation)
     old = ["--" + prefix + o.removeprefix("--") for o in meta.get("old") or ()]
-    if meta.get("positional"):
-        nargs = "+" if get_origin(tp) in (list, tuple) else None
+    if meta.get("positional"):  # optional for argparse: it may come from --config instead
+        nargs = "*" if get_origin(tp) in (list, tuple) else "?"
         return [target.add_argument(dest, metavar=meta.get("metavar") or name.upper(),
-                                    nargs=nargs, help=help_)]
+                                    nargs=nargs, default=argparse.SUPPRESS, help=help_)]
     if tp is bool:
-        made = [target.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
+        action = argparse.BooleanOptionalAction if meta.get("negatable", True) else "store_true"
+        made = [target.add_argument(flag, dest=dest, action=action,
                                     default=argparse.SUPPRESS,
                                     help=f"{help_} (default: {'on' if default else 'off'})")]
         for o in old:
@@ -199,14 +247,51 @@ def _convert(raw: Any, tp: Any, flag: str, source: str) -> Any:
     return raw
 
 
+@dataclass(frozen=True)
+class Origin:
+    """Where a value read from a config file stands: the file, the line, the key as written."""
+
+    file: str
+    line: int | None
+    key: str
+
+
+class Given(dict):
+    """A model's field values as given, with the `Origin` of those that came from a config
+    file (the others came from flags), so an error names the file line or the flag."""
+
+    def __init__(self, data: Any = (), origins: dict[str, Origin] | None = None) -> None:
+        super().__init__(data)
+        self.origins: dict[str, Origin] = dict(origins or {})
+
+
 def values_from_args(ns: argparse.Namespace, model: type[BaseModel], *, prefix: str = "",
-                     exclude: tuple[str, ...] = (), source: str = "command line") -> dict:
-    """The fields the user gave on the command line, converted from their string forms."""
-    out = {}
+                     exclude: tuple[str, ...] = (), source: str = "command line") -> Given:
+    """The fields the user gave, converted from their string forms: the --config file's
+    values (agentx.yamlconf.read_config put them in the namespace), the flags over them."""
+    flags = {}
     for name, f in cli_fields(model, exclude):
         dest = prefix.replace("-", "_") + name
         if hasattr(ns, dest):
-            out[name] = _convert(getattr(ns, dest), f.annotation, flag_of(name, f, prefix), source)
+            flags[name] = _convert(getattr(ns, dest), f.annotation, flag_of(name, f, prefix),
+                                   source)
+    filed: Given = (getattr(ns, FILE_VALUES, None) or {}).get(prefix) or Given()
+    out = Given(filed, {k: o for k, o in filed.origins.items() if k not in flags})
+    fields = dict(cli_fields(model, exclude))
+    for name, o in out.origins.items():
+        value = out[name]
+        if isinstance(value, str) and REDACTED in value:
+            raise InputError(o.file, f"redacted by --print-config: give the value with "
+                             f"{flag_of(name, fields[name], prefix)} (or drop the line for "
+                             "its default)", line=o.line, field=o.key)
+        out[name] = _convert(value, fields[name].annotation, o.key, o.file)
+    out.update(flags)
+    for name, f in fields.items():
+        meta = _meta(f)
+        if meta.get("positional") and name not in out:
+            what = meta.get("metavar") or name.upper()
+            raise InputError(source, f"the {what} argument is required (or `{name}:` in "
+                             "--config)", field=what)
     return out
 
 
@@ -223,13 +308,23 @@ def build(model: type[M], data: dict, *, source: str = "command line",
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        raise input_error(err, source, field_name) from None
+        raise input_error(err, source, field_name, given=data) from None
+
+
+def _origin(given: Any, loc: tuple) -> Origin | None:
+    """The config-file origin of the value at `loc` in `given` (nested Givens walked)."""
+    for part in loc:
+        if isinstance(given, Given) and part in given.origins:
+            return given.origins[part]
+        given = given.get(part) if isinstance(given, dict) else None
+    return None
 
 
 def input_error(err: ValidationError, source: str, field_name=None,
-                line_of=None) -> InputError:
+                line_of=None, given: Any = None) -> InputError:
     """The first pydantic error as our one-line InputError. A `FieldError` raised by a model
-    validator names its own field; `line_of(loc)` gives a line number where one is known."""
+    validator names its own field; `line_of(loc)` gives a line number where one is known;
+    a value that came from a config file (`given` a `Given`) is named by its file line."""
     errors = err.errors(include_url=False)
     # a misspelt key yields "unknown" and "missing" errors: the unknown key is the one to fix
     e = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
@@ -245,6 +340,9 @@ def input_error(err: ValidationError, source: str, field_name=None,
         msg = msg[0].lower() + msg[1:] if msg else msg
         if e["type"] not in ("missing",) and "input" in e and not isinstance(e["input"], dict):
             msg += f" (got {e['input']!r})"
+    origin = _origin(given, loc) if loc else None
+    if origin is not None:
+        return InputError(origin.file, msg, field=origin.key, line=origin.line)
     name = field_name(loc) if field_name else ".".join(str(x) for x in loc)
     line = line_of(loc) if line_of else None
     return InputError(source, msg, field=name or None, line=line)

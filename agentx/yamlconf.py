@@ -9,17 +9,36 @@ Every YAML agentx reads (recipes, simulator profiles, golden AL files, `--set` v
 through `Loader`, which refuses aliases (`*name`): a few lines of nested aliases (a "billion
 laughs") describe a tree of billions of nodes, and walking it (the duplicate-key check, the
 line finder, validation) would never end. No agentx file needs them; write the value out.
+
+`--config FILE` and `--print-config` of every command are here too (`read_config`,
+`print_config`): the file holds the command's options as the flags do (docs/commands.md).
 """
 from __future__ import annotations
 
+import argparse
+import difflib
+import re
+import sys
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 
 from .errors import InputError
-from .options import input_error
+from .options import (
+    FILE_VALUES,
+    REDACTED,
+    SECTIONS,
+    Given,
+    Origin,
+    Section,
+    build,
+    flag_namer,
+    flag_of,
+    input_error,
+    values_from_args,
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -136,3 +155,122 @@ def read_text(path: str | Path) -> str:
 
 def load_file(path: str | Path, model: type[M]) -> M:
     return load_model(read_text(path), model, str(path))
+
+
+def _spellings(section: Section) -> dict[str, str]:
+    """Accepted key -> field name: the field's name and its flag without dashes, `-` and `_`
+    alike (`max_think_s`, `max_think`, `max-think`)."""
+    out: dict[str, str] = {}
+    for name, f in section.fields():
+        out[name] = name
+        out[flag_of(name, f)[2:].replace("-", "_")] = name
+    return out
+
+
+def _key_line(root: yaml.Node | None, path: tuple) -> int | None:
+    return _line_finder(root)(path)
+
+
+def read_config(ns: argparse.Namespace) -> None:
+    """Read `--config FILE` into the namespace: per section (by flag prefix) a `Given` of the
+    file's values with their lines, for `values_from_args` to lay the flags over. Unknown
+    keys and a key given twice (in two spellings) are errors at their line."""
+    path = getattr(ns, "config", None)
+    sections: list[Section] = getattr(ns, SECTIONS, None) or []
+    if not path or not sections:
+        return
+    root, data = _parse(read_text(path), path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise InputError(path, "must be a YAML mapping of options", line=1)
+    _no_duplicate_keys(root, path)
+    out = {s.prefix: Given() for s in sections}
+    top = [s for s in sections if not s.prefix]
+    nested = {s.key: s for s in sections if s.prefix}
+    for key, value in data.items():
+        key = str(key)
+        if key in nested and (isinstance(value, dict) or not _find(top, key)):
+            if not isinstance(value, dict):
+                raise InputError(path, f"must be a mapping of the --{nested[key].prefix}* "
+                                 "options", line=_key_line(root, (key,)), field=key)
+            s = nested[key]
+            for sub, v in value.items():
+                _take(out, s, _spellings(s), str(sub), v, path, root, (key, str(sub)))
+            continue
+        hit = _find(top, key)
+        if hit is None:  # `sim_spec_k`: a nested section's flag spelled out at the top
+            hit = next(((s, k[len(s.key) + 1:]) for s in nested.values()
+                        for k in [key.replace("-", "_")] if k.startswith(s.key + "_")
+                        and k[len(s.key) + 1:] in _spellings(s)), None)
+        if hit is None:
+            raise InputError(path, "unknown option" + _did_you_mean(key, sections),
+                             line=_key_line(root, (key,)), field=key)
+        _take(out, hit[0], _spellings(hit[0]), hit[1], value, path, root, (key,))
+    setattr(ns, FILE_VALUES, out)
+
+
+def _find(sections: list[Section], key: str) -> tuple[Section, str] | None:
+    k = key.replace("-", "_")
+    return next(((s, key) for s in sections if k in _spellings(s)), None)
+
+
+def _take(out: dict, s: Section, names: dict[str, str], key: str, value: object, path: str,
+          root: yaml.Node | None, where: tuple) -> None:
+    line = _key_line(root, where)
+    name = names.get(key.replace("-", "_"))
+    if name is None:
+        raise InputError(path, "unknown option" + _did_you_mean(key, [s]), line=line,
+                         field=".".join(where))
+    given: Given = out[s.prefix]
+    if name in given:
+        raise InputError(path, f"given twice (also as {given.origins[name].key!r})",
+                         line=line, field=".".join(where))
+    given[name] = value
+    given.origins[name] = Origin(path, line, ".".join(where))
+
+
+def _did_you_mean(key: str, sections: list[Section]) -> str:
+    names = [n for s in sections for n in _spellings(s)]
+    close = difflib.get_close_matches(key.replace("-", "_"), names, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def effective_config(ns: argparse.Namespace) -> dict:
+    """The options a command would run with (file, flags, defaults), validated section by
+    section, as plain data by field name; secrets and URL credentials redacted."""
+    doc: dict[str, Any] = {}
+    for s in getattr(ns, SECTIONS, None) or []:
+        data = values_from_args(ns, s.model, prefix=s.prefix, exclude=s.exclude)
+        m = build(s.model, data, field_name=flag_namer(s.model, prefix=s.prefix))
+        dumped = m.model_dump(mode="json")
+        part = {}
+        for name, _ in s.fields():
+            v = getattr(m, name)
+            secret = isinstance(v, SecretStr) or (name.endswith("api_key") and v is not None)
+            part[name] = REDACTED if secret else _redact_url(dumped[name])
+        if s.prefix:
+            doc[s.key] = part
+        else:
+            doc.update(part)
+    return doc
+
+
+def _redact_url(v: object) -> object:
+    """`scheme://user:pass@host/...` -> `scheme://<redacted>@host/...` (as urls.redact_url)."""
+    if isinstance(v, str):
+        return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@", rf"\1{REDACTED}@", v)
+    return v
+
+
+def print_config(ns: argparse.Namespace) -> int:
+    """`--print-config`: the effective options as YAML on stdout, which `--config` reads
+    back (a redacted secret then has to be given by its flag)."""
+    doc = effective_config(ns)
+    command = " ".join(str(v) for k, v in sorted(vars(ns).items(), key=lambda kv: len(kv[0]))
+                       if k == "command" or k.endswith("_command"))
+    sys.stdout.write(f"# agentx {command}: effective options (config file, flags, defaults); "
+                     "run it with --config FILE\n")
+    sys.stdout.write(yaml.safe_dump(doc, sort_keys=False, default_flow_style=None,
+                                    allow_unicode=True, width=100))
+    return 0

@@ -40,7 +40,7 @@ def installed(tmp_path_factory) -> tuple[Path, Path]:
         shutil.copy2(REPO / name, src / name)
     dist = root / "dist"
     _sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", dist, src, cwd=root)
-    wheels = list(dist.glob("agentx-*.whl"))
+    wheels = list(dist.glob("agentx_bench-*.whl"))
     assert len(wheels) == 1, wheels
     venv.create(root / "venv", with_pip=True)
     bin_dir = root / "venv" / "bin"

@@ -1,6 +1,6 @@
 """Lanes across hosts: the same worker processes as `--workers`, placed by Ray (`--ray ADDR`).
 
-Optional (`pip install agentx[ray]`, on every node). Each worker is a Ray actor that runs
+Optional (`pip install 'agentx-bench[ray]'`, on every node). Each worker is a Ray actor that runs
 `drive()` (uvloop, its own HTTP client) on its share of the lanes, exactly like a local worker
 process; the driver gathers the records. What differs from local workers is what a host does
 not share:
@@ -51,7 +51,7 @@ def require_ray():
     except ImportError:
         from ..errors import InputError
 
-        raise InputError("command line", "Ray is not installed: pip install 'agentx[ray]'",
+        raise InputError("command line", "Ray is not installed: pip install 'agentx-bench[ray]'",
                          field="--ray") from None
     return ray
 

@@ -109,7 +109,7 @@ class HFTokenizer:
     """A local Hugging Face tokenizer directory (tokenizer.json + tokenizer_config.json)."""
 
     def __init__(self, path: str) -> None:
-        from transformers import AutoTokenizer  # optional dependency: agentx[hf]
+        from transformers import AutoTokenizer  # optional dependency: agentx-bench[hf]
 
         self.path = path
         self.name = path

@@ -14,7 +14,7 @@ max_position_embeddings is the scaled 131,072, as transformers 5 expects for YaR
 0.32 derives its max_model_len from (40,960, the hub value, would cap it there). One
 difference: the vocabulary is the local tokenizer's (~32,000 tokens, not 151,936), so sampled
 ids always decode; the LM head is 0.13 B instead of 0.62 B parameters.
-Needs `tokenizers` (pip install 'agentx[hf]').
+Needs `tokenizers` (pip install 'agentx-bench[hf]').
 """
 from __future__ import annotations
 

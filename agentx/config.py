@@ -99,6 +99,23 @@ class RunConfig(PercentilesOption):  # --percentiles: declared once, shared with
         "so the server meets 8 new sessions a second instead of every cold first prompt at "
         "one instant", flag="ramp_up", group=WORKLOAD)
     seed: int = opt(0, "schedule seed", group=WORKLOAD)
+    session_rate: float | None = opt(
+        None, "open loop: sessions arrive as a Poisson process at this many per second "
+        "instead of running on --conc lanes (docs/metrics.md#open-loop-arrivals)",
+        group=WORKLOAD, gt=0.0)
+    burstiness: float = opt(1.0, "open loop: gamma-distributed gaps between session arrivals "
+                            "with this shape (vllm bench serve's --burstiness): 1 = Poisson, "
+                            "< 1 burstier, > 1 more even; the mean rate stays --session-rate",
+                            group=WORKLOAD, gt=0.0)
+    max_active: int | None = opt(None, "open loop: at most N sessions in progress; a session "
+                                 "arriving beyond the cap waits (the wait is reported)",
+                                 group=WORKLOAD, ge=1, le=65536)
+    arrivals: Literal["lanes", "trace", "poisson"] = opt(
+        "lanes", "how sessions start: lanes (closed loop, --conc), trace (each session of a "
+        "Mooncake trace at its own timestamp, whole), poisson (implied by --session-rate)",
+        group=WORKLOAD)
+    time_scale: float = opt(1.0, "--arrivals trace: multiply the trace's arrival times (0.5 = "
+                            "twice the rate)", group=WORKLOAD, gt=0.0)
     think_scale: float = opt(1.0, "multiply trace think times", group=WORKLOAD, ge=0.0)
     max_think_s: float = opt(DEFAULT_MAX_THINK_S, "cap one think time (s): a longer pause in a "
                              "real session is a person away from the keyboard, and at a fixed "
@@ -225,7 +242,28 @@ class RunConfig(PercentilesOption):  # --percentiles: declared once, shared with
                              "bounded)")
         if isinstance(self.workers, int) and self.workers < 1:
             raise FieldError("workers", "must be >= 1 or auto")
+        if self.session_rate is not None:
+            if "conc" in self.model_fields_set:
+                raise FieldError("session_rate", "give --conc (closed loop) or --session-rate "
+                                 "(open loop), not both")
+        if self.arrivals == "poisson" and self.session_rate is None:
+            raise FieldError("arrivals", "poisson needs --session-rate")
+        if self.arrivals == "trace" and self.session_rate is not None:
+            raise FieldError("session_rate", "--arrivals trace takes the trace's own times "
+                             "(scale them with --time-scale)")
+        if self.open_loop() and (self.workers != 1 or self.ray):
+            raise FieldError("workers", "open-loop arrivals run in one client process: "
+                             "--workers 1, no --ray")
         return self
+
+    def arrival_mode(self) -> str:
+        """lanes, poisson or trace: --session-rate alone implies poisson."""
+        return "poisson" if self.session_rate is not None and self.arrivals == "lanes" \
+            else self.arrivals
+
+    def open_loop(self) -> bool:
+        """Sessions arrive on a schedule (Poisson or the trace's) instead of running on lanes."""
+        return self.arrival_mode() != "lanes"
 
     def warmup_auto(self) -> bool:
         """The warm-up ends when every lane has finished its first request."""
@@ -236,6 +274,8 @@ class RunConfig(PercentilesOption):  # --percentiles: declared once, shared with
 
     def ramp_up(self) -> float:
         """Seconds over which lane starts are spread (auto: 8 lanes a second from 64 lanes)."""
+        if self.open_loop():  # arrivals have their own schedule: there are no lanes to spread
+            return 0.0
         if self.ramp_up_s != "auto":
             return float(self.ramp_up_s)
         return 0.0 if self.conc < AUTO_FROM_LANES else min(RAMP_MAX_S, self.conc / RAMP_LANES_PER_S)

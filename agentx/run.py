@@ -25,13 +25,14 @@ from .engine.drive import DriveResult, DriveSpec, drive, split_lanes
 from .engine.lanes import Engine
 from .engine.workers import WorkerPool, auto_workers, usable_cores, worker_name
 from .errors import InputError, OutputError, RunLost
+from .metrics.arrivals import arrival_summary
 from .metrics.goodput import goodput
 from .metrics.server_metrics import kv_pool
 from .metrics.summary import dist, summarize
 from .metrics.tiers import resolve as resolve_tier
 from .metrics.tiers import tier_theory
 from .metrics.window import Window, delivered, headline, measurement_window, server_throughput
-from .plan import split_count
+from .plan import split_count, trace_times
 from .prompt.token_model import TokenModel, builtin_model, hf_model
 from .rundir import RunDir, merge_record_files, read_jsonl, write_json
 from .targets.base import Server, Target, UrlServer
@@ -67,6 +68,8 @@ async def run_async(cfg: RunConfig, target: Target,
                     ready: Callable[[], Awaitable[int]] | None = None) -> dict:
     base_url = target.url
     traces = load_traces(cfg.trace)  # parse errors surface here, before any traffic
+    if cfg.arrival_mode() == "trace":
+        trace_times(traces)  # a trace without session start times fails here
     out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
     RunDir(out).check(cfg.overwrite)
     run_salt = secrets.token_hex(8)
@@ -324,8 +327,13 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
     s["throughput"].update(delivered(records, win.start_ns, win.stop_ns))
     s["throughput"]["headline"] = headline(s["throughput"], cfg.gpus)
     s["window"] = win.block("auto" if cfg.warmup_auto() else cfg.warmup_fixed_s(), cfg.ramp_up(),
-                            cfg.conc)
+                            (cfg.max_active or 0) if cfg.open_loop() else cfg.conc)
     s["steady_state"] = win.steady_state
+    if cfg.open_loop():
+        s["arrivals"] = arrival_summary(
+            cfg.arrival_mode(), cfg.session_rate, cfg.burstiness, cfg.max_active,
+            cfg.time_scale, [x for r in results for x in r.sessions], records, win.t_start_ns,
+            win.stop_ns or max(x.t_end_ns for x in results))
     if cfg.slo:
         s["goodput"] = goodput(records, cfg.slo, s["throughput"]["window_s"])
     cpu = [x.cpu_util for x in results if x.cpu_util is not None]

@@ -11,11 +11,11 @@ import gc
 import socket
 import sys
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Iterator
 
 from ..client.http import ClientConfig, make_session
 from ..config import RunConfig
-from ..plan import Planner
+from ..plan import Planner, SessionPick, warm_sessions
 from ..prefix_cache import TieredCache
 from ..prompt.blocks import BlockFactory
 from ..prompt.synth import SynthConfig
@@ -25,6 +25,7 @@ from ..records import RecordWriter
 from ..trace.load import load_traces
 from ..trace.model import TraceSet
 from .lanes import Engine, EngineConfig
+from .open_loop import OpenLoop
 from .selfmon import LoopLagSampler
 from .sender import ChatSender, TokenIdsSender
 
@@ -71,6 +72,9 @@ class DriveResult:
     cache_evictions: int = 0  # blocks the pool-sized cache model evicted (working set > pool)
     first_done_ns: int = 0  # every lane here had finished its first request (0: never)
     stop_ns: int = 0  # no new request started from here (duration, signal, ...)
+    # open loop: (scheduled offset s, arrival ns, admission ns or 0, planned requests, cap
+    # wait ns) per arrived session (open_loop.SessionLog)
+    sessions: list[tuple[float, int, int, int, int]] = field(default_factory=list)
 
 
 def large_allocations_to_os(threshold: int = 256 * 1024) -> bool:
@@ -131,8 +135,11 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
         sender = sender_cls(session, spec.client, keep_text=r.live_history)
         cache_model = TieredCache(spec.pool_blocks, spec.offload_blocks, spec.offload_eager,
                                   queue=True)  # look up at admission, as vLLM does
-        engine = Engine(Planner(traces, r.seed, r.start_min, r.start_max), synth, tm,
-                        sender, ecfg, writer.write, cache_model)
+        planner = Planner(traces, r.seed, r.start_min, r.start_max)
+        arrivals = open_loop(planner, r)
+        engine = Engine(planner, synth, tm, sender, ecfg, writer.write, cache_model, arrivals)
+        if arrivals is not None:
+            engine.stats.lanes = r.max_active or 0
         if on_engine:
             on_engine(engine)
         tm.factory.prepare()  # the block tape (~0.2 s) now, not in the first request
@@ -159,7 +166,21 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
     return DriveResult(spec.worker, engine.t_start_ns, engine.t_end_ns, engine.warmup_end_ns,
                        engine.stop_reason, st.max_sessions_active,
                        lag.lags_ms, lag.cpu_util, socket.gethostname(), lag.runqueue_wait_ms_per_s,
-                       cache_model.evictions, engine.first_done_ns, engine.stop_ns)
+                       cache_model.evictions, engine.first_done_ns, engine.stop_ns,
+                       [x.row() for x in arrivals.log] if arrivals else [])
+
+
+def open_loop(planner: Planner, r: RunConfig) -> OpenLoop | None:
+    """The run's arrival schedule (None: closed loop, lanes)."""
+    if not r.open_loop():
+        return None
+    mode = r.arrival_mode()
+
+    def schedule() -> Iterator[tuple[float, SessionPick]]:
+        return planner.arrivals(mode, r.session_rate, r.burstiness, r.time_scale)
+
+    warm = warm_sessions((at for at, _ in schedule()), r.max_active)
+    return OpenLoop(schedule(), r.max_active, warm)
 
 
 def body_max_tokens(extra_body: dict) -> int | None:

@@ -19,6 +19,9 @@ Start-up: lane i starts at i x --ramp-up / conc. Warm-up: requests sent before t
 ends are flagged (and the primes always): after --warmup seconds, or with --warmup auto when
 every lane's first request has ended (`first_done_ns`), --duration then counting from there.
 
+Open loop (--session-rate, --arrivals trace): no lanes; sessions start at their arrival times
+(open_loop.py) and each runs as a lane's session does.
+
 Stopping: at --duration or --max-requests no new request starts; in-flight requests finish
 within --drain-timeout, the rest are cancelled and recorded as `cancelled`. From outside (a
 signal, the parent of a worker process, a Ray driver) the one way in is `request_stop()`:
@@ -45,6 +48,7 @@ from ..prompt.token_model import TokenModel
 from ..records import RequestRecord
 from ..trace.model import Subagent, Trace, Turn
 from .abort import ErrorWindow
+from .open_loop import OpenLoop
 
 perf_ns = time.perf_counter_ns
 NEVER = 1 << 62  # an auto warm-up's end until it is known (no request is sent that late)
@@ -59,6 +63,7 @@ WARMUP_LIMIT = 5.0
 # earlier (the wait ends at the run's stop too). A server asking for more is, for a benchmark,
 # as good as down; a longer wait would only idle the lane while the run's clock goes on.
 RETRY_AFTER_MAX_S = 60.0
+OPEN_BUDGET = -1  # the --max-requests key of an open-loop run (one budget, not per lane)
 
 
 @dataclass
@@ -160,8 +165,10 @@ class Engine:
     def __init__(self, planner: Planner, synth: SynthConfig, token_model: TokenModel,
                  sender: Sender, cfg: EngineConfig,
                  on_record: Callable[[RequestRecord], None | Awaitable[None]],
-                 cache_model: TieredCache | None = None) -> None:
+                 cache_model: TieredCache | None = None,
+                 open_loop: OpenLoop | None = None) -> None:
         self.planner, self.synth, self.tm = planner, synth, token_model
+        self.open_loop = open_loop  # sessions arrive on a schedule instead of lanes
         self.cache_model = cache_model or TieredCache(None)
         self.sender, self.cfg, self.on_record = sender, cfg, on_record
         self.stats = LiveStats(lanes=len(cfg.lanes) if cfg.lanes is not None else cfg.conc)
@@ -210,7 +217,12 @@ class Engine:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    async def wait_stopped(self) -> None:
+        await self._stop.wait()
+
     def _lane_ids(self) -> list[int]:
+        if self.open_loop is not None:
+            return []
         return self.cfg.lanes if self.cfg.lanes is not None else list(range(self.cfg.conc))
 
     async def prepare(self) -> None:
@@ -239,6 +251,11 @@ class Engine:
             # each lane gets a fixed share, so which requests run never depends on timing
             self._budget = dict(zip(lanes, split_count(cfg.max_requests, [1] * len(lanes))))
         tasks = [asyncio.create_task(self._lane(lane), name=f"lane-{lane}") for lane in lanes]
+        if self.open_loop is not None:  # sessions 0..warm_n-1 stand for the lanes
+            self._first_pending = set(range(self.open_loop.warm_n))
+            if cfg.max_requests is not None:  # one budget shared in arrival order
+                self._budget = {OPEN_BUDGET: cfg.max_requests}
+            tasks = [asyncio.create_task(self.open_loop.run(self), name="arrivals")]
         if cfg.duration_s:  # an auto warm-up may take WARMUP_LIMIT x duration after the ramp
             limit = (cfg.ramp_up_s + WARMUP_LIMIT * cfg.duration_s if cfg.warmup_auto
                      else cfg.duration_s)
@@ -338,6 +355,24 @@ class Engine:
                 ahead.cancel()
                 await asyncio.gather(ahead, return_exceptions=True)
 
+    async def _arrived_session(self, k: int, op: _Opened, ready_ns: int) -> None:
+        """Run open-loop session k (open_loop.py), its first request due at `ready_ns`; the
+        budget's end or a bug ends the run as in a lane."""
+        self.stats.sessions_active += 1
+        self.stats.max_sessions_active = max(self.stats.max_sessions_active,
+                                             self.stats.sessions_active)
+        try:
+            await self._run_session(k, op, ready_ns)
+        except _LaneDone:
+            self._end("max_requests")
+        except Exception as exc:
+            self._end(f"error: session {op.instance} ({op.conv.trace.id}): "
+                      f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            self.stats.sessions_active -= 1
+            self._first_ended(k, perf_ns())  # a session that sent nothing holds up no one
+
     async def _open_pick(self, lane: int, n: int) -> _Opened:
         pick = self.planner.pick(lane, n)
         return await self._open(pick.trace, pick.instance, pick.start_turn, "")
@@ -391,9 +426,10 @@ class Engine:
             if pos == last and on_last_turn is not None:
                 on_last_turn()
             if self._budget is not None:
-                if self._budget[lane] <= 0:
+                key = OPEN_BUDGET if self.open_loop is not None else lane
+                if self._budget[key] <= 0:
                     raise _LaneDone
-                self._budget[lane] -= 1
+                self._budget[key] -= 1
             due = max(due, self._not_before.get(lane, 0))  # the wait a Retry-After asked
             await self._pause((due - perf_ns()) / 1e9)
             if self.stopping:

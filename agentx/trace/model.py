@@ -62,6 +62,9 @@ class Trace:
     # "local": hash_ids are comparable only inside this trace (Weka default); "global": across
     # every trace of the set (Mooncake), so a shared cache sees cross-session prefix reuse.
     hash_id_scope: str = "local"
+    # when the session began in the source trace, in seconds (Mooncake: its first request's
+    # timestamp); --arrivals trace starts each session at it. None: the trace has no clock.
+    start_s: float | None = None
 
     @property
     def turns(self) -> list[Turn]:

@@ -63,7 +63,8 @@ def parse_mooncake(data: bytes, source: str, name: str) -> list[Trace]:
             prev_ts = ts
         traces.append(Trace(id=f"{name}-{k:0{width}d}", steps=steps,
                             block_size=MOONCAKE_BLOCK_SIZE,
-                            source=f"{source}:{recs[members[0]][1]}", hash_id_scope="global"))
+                            source=f"{source}:{recs[members[0]][1]}", hash_id_scope="global",
+                            start_s=t0 / 1000.0))
     return traces
 
 

@@ -296,4 +296,6 @@ class RunConfig(PercentilesOption):  # --percentiles: declared once, shared with
 
 
 def default_output_dir(cfg: RunConfig) -> Path:
-    return default_dir(trace_label(cfg.trace), f"c{cfg.conc}")
+    load = {"poisson": f"r{cfg.session_rate:g}", "trace": "arrivals"}.get(cfg.arrival_mode(),
+                                                                      f"c{cfg.conc}")
+    return default_dir(trace_label(cfg.trace), load)

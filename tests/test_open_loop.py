@@ -137,6 +137,16 @@ def test_max_active_caps_sessions_and_records_waits(sim, tmp_path):
     assert a["achieved_session_rate"] < a["offered_session_rate"]
 
 
+def test_max_requests_is_one_budget_in_open_loop(sim, tmp_path):
+    """--max-requests bounds an open-loop run without --duration: the sessions share one
+    budget, and exactly that many requests start."""
+    trace = write_trace(tmp_path / "tr", sessions=4, turns=4, think=0.2)
+    s, recs = _run(sim, tmp_path, "mr", trace, session_rate=20.0, duration_s=None,
+                   max_requests=12)
+    assert s["stop_reason"] == "max_requests"
+    assert len(recs) == 12 and len({r["lane"] for r in recs}) > 1
+
+
 def _mooncake(path: Path) -> Path:
     """Three sessions of two requests at 0 s, 1 s and 2 s (ids distinct per session; the
     second request of each extends its first, so they chain)."""

@@ -247,7 +247,7 @@ class Engine:
         self.stats.max_requests, self.stats.running = cfg.max_requests, True
         self.stats.start_wall = time.time() - (perf_ns() - self.t_start_ns) / 1e9
         self._first_pending = set(lanes)
-        if cfg.max_requests is not None:
+        if cfg.max_requests is not None and lanes:
             # each lane gets a fixed share, so which requests run never depends on timing
             self._budget = dict(zip(lanes, split_count(cfg.max_requests, [1] * len(lanes))))
         tasks = [asyncio.create_task(self._lane(lane), name=f"lane-{lane}") for lane in lanes]

@@ -34,7 +34,7 @@ def test_agentx_sweep_tiny_cpu_real_vllm(tmp_path, vllm_python, vllm_assets, vll
         assert (s["conc"], s["framework"], s["spec_decoding"], s["hw"]) == \
             (conc, "vllm", "eagle3", "cpu")
         assert s["kv_cache_pool_tokens"] and s["run"]["model"] == "tiny"
-        assert s["request_metrics"]["throughput"]["per_gpu"]["total_tok_s"] > 0
+        assert s["request_metrics"]["throughput"]["per_gpu"]["total_tput_tps"] > 0
     with open(out / "runs.csv") as f:
         rows = list(csv.DictReader(f))
     assert sorted(int(r["conc"]) for r in rows) == [1, 2, 4]

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from ..config import RunConfig
 from ..errors import InputError
 from ..options import input_error
-from ..recipe.inferencex import inferencex_fields
+from ..recipe.inferencex import export_cell
 from ..recipe.render import golden_pin
 from ..recipe.schema import Recipe, spec_k
 from ..rundir import RunDir, write_json
@@ -101,11 +101,12 @@ def cell_config(recipe: Recipe, cell: Cell, opts: SweepOptions, base_url: str,
 
 
 def annotate(recipe: Recipe, cell: Cell, extra: dict) -> None:
-    """Merge the InferenceX fields, the recipe and point labels into the cell's summary.json."""
+    """Write the cell's InferenceX files (inferencex.json, aiperf_artifacts/) and merge their
+    fields, the recipe and point labels into its summary.json."""
     path = cell.dir / SUMMARY
     summary = orjson.loads(path.read_bytes())
     point = recipe.points[cell.point]
-    summary.update(inferencex_fields(recipe, point, cell.conc, summary))
+    summary.update(export_cell(recipe, point, cell.conc, cell.dir, summary))
     summary.update({"recipe": recipe.name, "point": {**point.model_dump(mode="json"),
                                                      "index": cell.point, "name": cell.label},
                     "sweep": extra})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import field_validator
 
@@ -13,6 +14,9 @@ from ..metrics.percentiles import PercentilesOption
 from ..options import add_arguments, from_args, opt
 from ..rundir import default_dir
 from .recipe import Launch
+
+if TYPE_CHECKING:  # agentx.sweep is imported when a sweep runs, not for --help
+    from ..sweep.search import SearchSpec
 
 
 class SweepCommand(Launch, PercentilesOption):
@@ -35,6 +39,15 @@ class SweepCommand(Launch, PercentilesOption):
     run_set: list[str] = opt(None, "a run option for every cell (a RunConfig field, YAML "
                              "value), e.g. think_scale=0.1; repeatable", factory=list,
                              flag="set", repeat=True, metavar="KEY=VALUE")
+    search: str | None = opt(None, "SLO saturation search: per point, the highest "
+                             "concurrency whose goodput (share of requests meeting every SLO) "
+                             "reaches G (default 0.9), by bisection instead of every listed "
+                             "concurrency", metavar="ttft:MS,tpot:MS[,e2el:MS][,goodput:G]")
+    search_min: int | None = opt(None, "the search's lowest concurrency (default: the "
+                                 "point's smallest)", ge=1, metavar="C")
+    search_max: int | None = opt(None, "the search's highest concurrency (default: the "
+                                 "point's largest)", ge=1, metavar="C")
+    search_max_cells: int = opt(6, "cells the search may run per point", ge=1, metavar="N")
     sim_time_scale: float | None = opt(None, "the simulator runs F x faster than real time "
                                        "(tests)", gt=0.0, metavar="F")
 
@@ -46,6 +59,24 @@ class SweepCommand(Launch, PercentilesOption):
             if not eq or not key.strip():
                 raise ValueError(f"expected KEY=VALUE, got {item!r}")
         return v
+
+    @field_validator("search")
+    @classmethod
+    def _search(cls, v: str | None) -> str | None:
+        from ..sweep.search import parse_search
+
+        if v is not None:
+            parse_search(v)  # ValueError: the one-line message
+        return v
+
+    def search_spec(self) -> SearchSpec | None:
+        """The --search options as the sweep takes them."""
+        from ..sweep.search import SearchSpec, parse_search
+
+        if self.search is None:
+            return None
+        slo, target = parse_search(self.search)
+        return SearchSpec(slo, target, self.search_min, self.search_max, self.search_max_cells)
 
     def overrides(self) -> dict:
         """RunConfig fields every cell takes: --duration, --warmup, then each --set."""
@@ -76,9 +107,12 @@ def run(o: SweepCommand) -> int:
 
     recipe, path = load_recipe(o.recipe)
     out = Path(o.output_dir) if o.output_dir else default_dir(recipe.name, kind="sweep")
+    search = o.search_spec()
+    run_opts = o.overrides() if search is None else {**o.overrides(), "slo": search.slo}
     opts = SweepOptions(output_dir=out, base_url=o.base_url, sim=o.sim, points=o.points,
-                        conc=o.conc, resume=o.resume, run=o.overrides(),
-                        sim_time_scale=o.sim_time_scale, health_timeout_s=o.health_timeout_s)
+                        conc=o.conc, resume=o.resume, run=run_opts,
+                        sim_time_scale=o.sim_time_scale, health_timeout_s=o.health_timeout_s,
+                        search=search)
     cells = sweep(recipe, path, opts)
     failed = [c for c in cells if c.status == "failed"]
     if failed:

@@ -7,7 +7,9 @@ its throughput per GPU and at least its interactivity, and more of one of them. 
 whose verdict can be published take part: `pass`, or no validation; a run whose verdict is
 `insufficient` (too few requests), `fail`, `interrupted` (or rebuilt from a killed run's
 records) is listed with its verdict and plotted apart, never on the frontier. Throughput is
-each run's headline figure (agentx.metrics.window.headline).
+each run's headline figure (agentx.metrics.window.headline). A sweep's SLO search marks its
+answer cells (`slo_answer`: the highest concurrency meeting the goodput target), starred on the
+plot.
 """
 from __future__ import annotations
 
@@ -80,6 +82,7 @@ def run_row(name: str, summary: dict, records: list[dict], gpus: int | None = No
         "server_hit_rate": ((summary.get("server_metrics") or {}).get("prefix_cache")
                             or {}).get("hit_rate"),
         "validation": v,
+        "slo_answer": bool(((summary.get("sweep") or {}).get("slo_answer"))),
         "labels": ";".join(f"{k}={x}" for k, x in (summary.get("labels") or {}).items()),
         "target": target_text({"target": summary.get("target")}),
     }

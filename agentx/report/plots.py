@@ -190,6 +190,11 @@ def pareto_plot(rows: list[dict], path: Path, y: str, y_label: str,
             tag = "" if publishable(rows[i]) else f" ({rows[i]['validation'] or 'no verdict'})"
             ax.annotate(_point_label(rows[i]) + tag, pts[i], fontsize=7, xytext=(3, 3),
                         textcoords="offset points")
+        star = [i for i in have if rows[i].get("slo_answer")]  # a sweep's SLO search answer
+        if star:
+            ax.scatter([pts[i][0] for i in star], [pts[i][1] for i in star], s=220,
+                       marker="*", facecolors="none", edgecolors="black", lw=1.2,
+                       label="SLO search answer", zorder=3)
         front = [i for i in frontier([p if publishable(r) else (None, None)
                                       for p, r in zip(pts, rows)])]
         if front:

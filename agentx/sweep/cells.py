@@ -15,6 +15,7 @@ from ..recipe.inferencex import export_cell
 from ..recipe.render import golden_pin
 from ..recipe.schema import Recipe, spec_k
 from ..rundir import RunDir, write_json
+from .search import SearchSpec
 
 SWEEP_JSON, SUMMARY = "sweep.json", RunDir.SUMMARY
 
@@ -30,6 +31,7 @@ class SweepOptions:
     run: dict = field(default_factory=dict)  # RunConfig overrides (duration_s, warmup_s, ...)
     sim_time_scale: float | None = None
     health_timeout_s: float | None = None  # a launched server's /health wait (default: recipe's)
+    search: SearchSpec | None = None  # --search: bisect each point's concurrency (search.py)
 
 
 @dataclass
@@ -43,26 +45,37 @@ class Cell:
     verdict: str | None = None  # the run's validation verdict (pass, insufficient, fail, ...)
     reset_prefix_cache: str | None = None
     seconds: float | None = None
+    goodput: float | None = None  # share of the window's requests meeting every SLO (--slo)
 
     def record(self) -> dict:
         return {"point": self.point, "label": self.label, "conc": self.conc,
                 "dir": str(self.dir), "status": self.status, "verdict": self.verdict,
-                "error": self.error,
+                "error": self.error, "goodput": self.goodput,
                 "reset_prefix_cache": self.reset_prefix_cache, "seconds": self.seconds}
 
 
-def plan(recipe: Recipe, opts: SweepOptions) -> list[Cell]:
+def point_indices(recipe: Recipe, opts: SweepOptions) -> list[int]:
+    """The points the sweep covers (--points, else all); InputError names a missing one."""
     indices = opts.points if opts.points is not None else range(len(recipe.points))
-    cells = []
     for i in indices:
         if not 0 <= i < len(recipe.points):
             raise InputError("command line", f"no point {i} (the recipe has "
                              f"{len(recipe.points)})", field="--points")
-        p = recipe.points[i]
-        label = p.label(i)
-        cells += [Cell(i, label, c, opts.output_dir / label / f"c{c}")
-                  for c in (opts.conc or p.conc)]
-    return cells
+    return list(indices)
+
+
+def make_cell(recipe: Recipe, opts: SweepOptions, point: int, conc: int) -> Cell:
+    label = recipe.points[point].label(point)
+    return Cell(point, label, conc, opts.output_dir / label / f"c{conc}")
+
+
+def plan(recipe: Recipe, opts: SweepOptions) -> list[Cell]:
+    return [make_cell(recipe, opts, i, c) for i in point_indices(recipe, opts)
+            for c in (opts.conc or recipe.points[i].conc)]
+
+
+def load_summary(cell_dir: Path) -> dict:
+    return orjson.loads((cell_dir / SUMMARY).read_bytes())
 
 
 def finished(cell_dir: Path) -> bool:
@@ -71,6 +84,38 @@ def finished(cell_dir: Path) -> bool:
         return not orjson.loads((cell_dir / SUMMARY).read_bytes()).get("rebuilt")
     except (OSError, orjson.JSONDecodeError):
         return False
+
+
+# fields a resumed cell may differ in: where its server listened and what the server said
+# (a relaunched server has another port), where the result lives and how it was displayed
+NOT_COMPARED = frozenset({"base_url", "model", "offload_tokens", "api_key", "output_dir",
+                          "overwrite", "progress"})
+
+
+def drift(recorded: dict, expected: dict) -> str | None:
+    """The first field (in the expected config's order) whose recorded value differs, as
+    `FIELD recorded R, this sweep E`; None when the cell ran what this sweep would run. A field
+    the record lacks (written before the field existed) is not compared."""
+    for key, want in expected.items():
+        if key in NOT_COMPARED or key not in recorded:
+            continue
+        if recorded[key] != want:
+            return f"{key} recorded {recorded[key]!r}, this sweep {want!r}"
+    return None
+
+
+def check_resumed(recipe: Recipe, cell: Cell, opts: SweepOptions,
+                  recipe_dir: Path | None) -> None:
+    """Refuse to resume over a finished cell run with another config (InputError, one line
+    naming the cell and the first differing field)."""
+    recorded = load_summary(cell.dir).get("config") or {}
+    expected = cell_config(recipe, cell, opts, recorded.get("base_url") or "http://127.0.0.1:1",
+                           recorded.get("model"), recipe_dir).public()
+    why = drift(recorded, expected)
+    if why:
+        raise InputError(str(cell.dir / SUMMARY), f"cell {cell.label} c{cell.conc} ran with "
+                         f"another config ({why}): --resume would mix them; give another "
+                         "--output-dir or remove the cell", field=why.split()[0])
 
 
 def cell_config(recipe: Recipe, cell: Cell, opts: SweepOptions, base_url: str,

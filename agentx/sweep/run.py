@@ -6,16 +6,38 @@ died), or a given --base-url is used, or the simulator stands in with the recipe
 (agentx.targets). Before each cell the server's prefix cache is reset where it offers
 /reset_prefix_cache (vLLM does only in dev mode), and every run sends its own cache salt, so
 cells cannot warm each other. A failed cell is recorded in sweep.json and the sweep goes on.
+
+With --search (agentx.sweep.search) the cells are not the recipe's list: per point, bisection
+over the concurrency picks them, on the point's one server, until the highest concurrency whose
+goodput meets the target is bracketed or the cell budget is spent; the answer goes into
+sweep.json (`search`), onto the console and, starred, onto pareto.png.
 """
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
+from rich.console import Console
+
 from ..errors import InputError
 from ..recipe.schema import Recipe
+from ..report.runs import PARETO_PNG
 from ..rundir import write_json
-from .cells import SUMMARY, SWEEP_JSON, Cell, SweepOptions, annotate, cell_config, finished, plan
+from .cells import (
+    SUMMARY,
+    SWEEP_JSON,
+    Cell,
+    SweepOptions,
+    annotate,
+    cell_config,
+    check_resumed,
+    finished,
+    load_summary,
+    make_cell,
+    plan,
+    point_indices,
+)
+from .search import Outcome, Probe, SearchSpec, bisect, judge
 from .servers import PointServers, choose, reset_prefix_cache
 
 
@@ -39,54 +61,135 @@ def run_cell(recipe: Recipe, cell: Cell, servers: PointServers, opts: SweepOptio
     cell.seconds = round(time.monotonic() - t0, 3)
 
 
-def write_record(path: Path, recipe: Recipe, backend: str, why: str, cells: list[Cell]) -> None:
-    write_json(path, {"recipe": recipe.name, "backend": backend, "why": why,
-                      "cells": [c.record() for c in cells]})
+def write_record(path: Path, recipe: Recipe, backend: str, why: str, cells: list[Cell],
+                 search: dict | None = None) -> None:
+    data = {"recipe": recipe.name, "backend": backend, "why": why,
+            "cells": [c.record() for c in cells]}
+    if search is not None:
+        data["search"] = search
+    write_json(path, data)
+
+
+def step(recipe: Recipe, path: Path, cell: Cell, servers: PointServers, opts: SweepOptions,
+         console: Console) -> None:
+    """Run one cell (or, with --resume, take its finished result after checking it ran this
+    sweep's config), then read its verdict and goodput back."""
+    if opts.resume and finished(cell.dir):
+        check_resumed(recipe, cell, opts, path.parent)
+        cell.status = "skipped"
+    else:
+        if servers.key is not None and servers.key[0] != cell.point:
+            servers.stop()  # the point changed: free its GPUs first
+        run_cell(recipe, cell, servers, opts)
+        if cell.error:
+            console.print(f"  [red]{cell.label} c{cell.conc} failed:[/red] "
+                          f"{cell.error.splitlines()[0]}")
+        elif cell.verdict not in (None, "pass"):
+            console.print(f"  [yellow]{cell.label} c{cell.conc}: verdict "
+                          f"{cell.verdict}[/yellow] (kept off the Pareto frontier)")
+    if (cell.dir / SUMMARY).exists():
+        summary = load_summary(cell.dir)
+        cell.verdict = (summary.get("validation") or {}).get("verdict")
+        cell.goodput = ((summary.get("goodput") or {}).get("met") or {}).get("all")
 
 
 def sweep(recipe: Recipe, path: Path, opts: SweepOptions) -> list[Cell]:
-    """Run every cell, then write runs.csv and pareto.png into the output directory."""
+    """Run every cell (or, with a search, the cells its bisection picks per point), then write
+    runs.csv and pareto.png into the output directory."""
     from rich import progress as rp
-    from rich.console import Console
 
     out = opts.output_dir
     if (out / SWEEP_JSON).exists() and not opts.resume:
         raise InputError(str(out), f"holds a sweep already ({SWEEP_JSON}): give --resume to "
                          "finish it, or another --output-dir", field="--output-dir")
+    spec = opts.search
     cells = plan(recipe, opts)
+    bounds = {i: search_bounds(recipe, opts, i) for i in point_indices(recipe, opts)} \
+        if spec else {}
     for c in cells[:1]:  # the options every cell shares: refused before any server starts
         cell_config(recipe, c, opts, "http://127.0.0.1:1", None)
+    for c in cells if opts.resume else []:  # so are finished cells run with another config
+        if finished(c.dir):
+            check_resumed(recipe, c, opts, path.parent)
     backend, why = choose(recipe, opts)
     console = Console(stderr=True, soft_wrap=True)
-    console.print(f"agentx sweep {recipe.name}: {len(cells)} cell(s) into {out}; serving with "
-                  f"{why}")
+    what = f"{len(cells)} cell(s)" if spec is None else \
+        f"SLO search over {len(bounds)} point(s), at most {spec.max_cells} cell(s) each"
+    console.print(f"agentx sweep {recipe.name}: {what} into {out}; serving with {why}")
     out.mkdir(parents=True, exist_ok=True)
     servers = PointServers(recipe, path, backend, opts, lambda m: console.print(f"  {m}"))
     columns = (rp.TextColumn("{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn(),
                rp.TimeElapsedColumn())
+    searched: dict | None = None
     try:
         with rp.Progress(*columns, console=console) as bar:
-            task = bar.add_task("cells", total=len(cells))
-            for cell in cells:
-                bar.update(task, description=f"{cell.label} c{cell.conc}")
-                if opts.resume and finished(cell.dir):
-                    cell.status = "skipped"
-                else:
-                    if servers.key is not None and servers.key[0] != cell.point:
-                        servers.stop()  # the point changed: free its GPUs first
-                    run_cell(recipe, cell, servers, opts)
-                    if cell.error:
-                        console.print(f"  [red]{cell.label} c{cell.conc} failed:[/red] "
-                                      f"{cell.error.splitlines()[0]}")
-                    elif cell.verdict not in (None, "pass"):
-                        console.print(f"  [yellow]{cell.label} c{cell.conc}: verdict "
-                                      f"{cell.verdict}[/yellow] (kept off the Pareto frontier)")
-                write_record(out / SWEEP_JSON, recipe, backend, why, cells)
-                bar.advance(task)
+            if spec is None:
+                task = bar.add_task("cells", total=len(cells))
+                for cell in cells:
+                    bar.update(task, description=f"{cell.label} c{cell.conc}")
+                    step(recipe, path, cell, servers, opts, console)
+                    write_record(out / SWEEP_JSON, recipe, backend, why, cells)
+                    bar.advance(task)
+            else:
+                cells, searched = [], {**spec.record(), "points": {}}
+                task = bar.add_task("cells", total=len(bounds) * spec.max_cells)
+
+                def probe(point: int, conc: int) -> Probe:
+                    cell = make_cell(recipe, opts, point, conc)
+                    bar.update(task, description=f"search {cell.label} c{conc}")
+                    cells.append(cell)
+                    step(recipe, path, cell, servers, opts, console)
+                    write_record(out / SWEEP_JSON, recipe, backend, why, cells, searched)
+                    bar.advance(task)
+                    return judge(conc, cell.status, cell.verdict, cell.goodput, spec.goodput,
+                                 cell.error)
+
+                for i, (lo, hi) in bounds.items():
+                    result = bisect(lo, hi, lambda c, i=i: probe(i, c), spec.max_cells)
+                    label = recipe.points[i].label(i)
+                    searched["points"][label] = result.record()
+                    mark_answer(recipe, opts, i, result, spec)
+                    write_record(out / SWEEP_JSON, recipe, backend, why, cells, searched)
+                    console.print(f"  [bold]{label}[/bold]: highest concurrency with goodput "
+                                  f">= {spec.goodput:g} ({slo_text(spec.slo)}): "
+                                  f"{result.text()}")
     finally:
         servers.stop()
     report(cells, out)
+    if searched is not None and (out / PARETO_PNG).exists():
+        searched["marked_on"] = PARETO_PNG  # the answers are starred there
+        write_record(out / SWEEP_JSON, recipe, backend, why, cells, searched)
     return cells
+
+
+def search_bounds(recipe: Recipe, opts: SweepOptions, point: int) -> tuple[int, int]:
+    """The concurrency range searched at a point: --search-min/--search-max, else the ends of
+    the point's concurrency list (or --conc)."""
+    assert opts.search is not None
+    listed = opts.conc or recipe.points[point].conc
+    lo = opts.search.lo or min(listed)
+    hi = opts.search.hi or max(listed)
+    if lo > hi:
+        raise InputError("command line", f"search range {lo}..{hi} is empty at point "
+                         f"{recipe.points[point].label(point)}", field="--search-min")
+    return lo, hi
+
+
+def mark_answer(recipe: Recipe, opts: SweepOptions, point: int, result: Outcome,
+                spec: SearchSpec) -> None:
+    """Record in the answer cell's summary.json that it is the point's answer (the Pareto
+    report reads it to star the cell)."""
+    if result.answer is None:
+        return
+    cell = make_cell(recipe, opts, point, result.answer)
+    summary = load_summary(cell.dir)
+    summary.setdefault("sweep", {})["slo_answer"] = {
+        **spec.record(), "lowest_failing": result.failing, "converged": result.converged}
+    write_json(cell.dir / SUMMARY, summary)
+
+
+def slo_text(slo: dict[str, float]) -> str:
+    return ", ".join(f"{k} <= {v:g} ms" for k, v in slo.items())
 
 
 def report(cells: list[Cell], out: Path) -> None:

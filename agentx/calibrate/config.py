@@ -47,11 +47,11 @@ class CalibrateConfig(StrictModel):
                              ge=0.0)
     seed: int = opt(0, "schedule seed (which turns are sent)", group=WORK)
     # --- output ---
-    golden: str | None = opt(None, "golden YAML to write or merge into (default: the recipe's "
-                             "golden_file, else recipes/golden/<--golden-name>.yaml)",
-                             group=OUT)
-    out: str | None = opt(None, "name of the golden file under recipes/golden/ (default: the "
-                          "recipe's name, else the served model's)", flag="golden_name",
+    golden: str | None = opt(None, "golden YAML to write or merge into (default: "
+                             "<output-dir>/golden/<--golden-name>.yaml; give the recipe's "
+                             "golden file to update what it pins)", group=OUT)
+    out: str | None = opt(None, "name of the golden file under <output-dir>/golden/ (default: "
+                          "the recipe's name, else the served model's)", flag="golden_name",
                           old=("--out",), group=OUT)
     golden_model: str | None = opt(None, "key of the entries (default: the recipe's "
                                    "golden_model, else its draft, else its model; with --url "

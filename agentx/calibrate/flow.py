@@ -12,8 +12,9 @@ import orjson
 
 from ..errors import InputError
 from ..golden import mode_key
-from ..recipe.load import load_recipe, recipes_dir
+from ..recipe.load import load_recipe
 from ..recipe.render import golden_key
+from ..recipe.schema import Recipe
 from ..rundir import RunDir, default_dir
 from ..sim.specdec import default_rates
 from ..targets.base import Target, read_model, read_version
@@ -46,11 +47,13 @@ def workload(cfg: CalibrateConfig, run_opts: dict) -> Workload:
                     seed=cfg.seed)
 
 
-def golden_path(cfg: CalibrateConfig, name: str) -> Path:
+def golden_path(cfg: CalibrateConfig, name: str, out: Path) -> Path:
+    """--golden, else `<output-dir>/golden/<name>.yaml`: never into the recipes of the source
+    tree or the installed package, which a calibration run must not change behind the user."""
     if cfg.golden:
         return Path(cfg.golden)
     stem = cfg.out or re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")
-    return recipes_dir() / "golden" / f"{stem}.yaml"
+    return out / "golden" / f"{stem}.yaml"
 
 
 def provenance(m: Measurement, t: Target, version: str | None, draft: str, w: Workload) -> str:
@@ -99,18 +102,29 @@ def calibrate(cfg: CalibrateConfig, say: Say = print) -> dict:
                 if m.error is None:
                     entries.append(Entry(mode_key(mode), k, m.al,
                                          provenance(m, t, version, draft, w)))
-    gpath = golden_path(cfg, recipe.name if recipe and not cfg.golden_model else key)
+    gpath = golden_path(cfg, recipe.name if recipe and not cfg.golden_model else key, out)
     if entries:
         merge(gpath, key, entries)
     result = {"golden_file": str(gpath) if entries else None, "golden_model": key,
               "workload": w.describe(), "sampling": w.extra_body, "cells": cells}
     (out / RunDir.CALIBRATION).write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     result["output_dir"] = str(out)
-    rel = os.path.relpath(gpath.resolve(), path.parent.resolve()) if recipe else None
-    if recipe and entries and recipe.speculative.golden_file != rel:
-        say(f"note: recipe {recipe.name} reads {recipe.speculative.golden_file}; give it "
-            f"`golden_file: {rel}` and `synthetic_al: golden` to pin these values")
+    if recipe and entries:
+        say(pin_note(recipe, path, gpath))
     return result
+
+
+def pin_note(recipe: Recipe, path: Path, gpath: Path) -> str:
+    """How a recipe comes to use what was written (`synthetic_al: golden` reads its
+    golden_file, relative to the recipe)."""
+    reads = (path.parent / recipe.speculative.golden_file).resolve()
+    if reads == gpath.resolve():
+        return f"note: recipe {recipe.name} reads {gpath}: its golden AL uses these values"
+    rel = os.path.relpath(gpath.resolve(), path.parent.resolve())
+    rel = str(gpath.resolve()) if rel.startswith("..") else rel
+    return (f"note: written to {gpath}; recipe {recipe.name} reads {reads}: merge into it "
+            f"with --golden {reads}, or give the recipe `golden_file: {rel}` and "
+            "`synthetic_al: golden`, to pin these values")
 
 
 def line(m: Measurement) -> str:

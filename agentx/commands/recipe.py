@@ -31,8 +31,10 @@ class Launch(StrictModel):
 
 
 class RenderOptions(RecipePoint):
-    host_dram_mib: int | None = opt(None, "host DRAM to budget, overriding the recipe (MiB, "
-                                    "as `free -m`)", ge=1)
+    host_dram_mib: int | None = opt(None, "the GPU host's DRAM to budget the KV offload tier "
+                                    "from (MiB, `free -m` there), overriding the recipe; a "
+                                    "recipe saying host_dram_mib: auto otherwise reads this "
+                                    "machine's", ge=1)
     workdir: str = opt(".", "where generated files go")
 
 
@@ -63,6 +65,7 @@ def render_main(args: argparse.Namespace) -> int:
 
 def render(o: RenderOptions) -> int:
     from ..errors import InputError
+    from ..offload import dram
     from ..recipe.load import line_in, load_recipe
     from ..recipe.render import render as render_point
 
@@ -76,4 +79,8 @@ def render(o: RenderOptions) -> int:
             e.line = line_in(path, e.field)  # point at the key to change
         raise
     sys.stdout.write(r.script())
+    if any(dram.FROM_THIS_MACHINE in step for step in r.dram_steps):
+        print("agentx recipe render: note: the DRAM budget above is this machine's memory, "
+              "not the GPU host's: give --host-dram-mib MIB (`free -m` on that host)",
+              file=sys.stderr)
     return 0

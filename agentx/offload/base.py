@@ -147,7 +147,12 @@ class Budgeted(Connector):
         return self.host_dram_mib == "auto"
 
     def budget(self, ranks: int, host_mib: int | None) -> dram.DramBudget:
-        mib = host_mib or (dram.host_dram_mib() if self.host_dram_mib == "auto"
-                           else self.host_dram_mib)
+        if host_mib:
+            mib, source = host_mib, dram.FROM_FLAG
+        elif self.host_dram_mib == "auto":
+            mib, source = dram.host_dram_mib(), dram.FROM_THIS_MACHINE
+        else:
+            mib, source = self.host_dram_mib, dram.FROM_RECIPE
         return dram.total_budget(mib, utilization=self.dram_utilization, gpus_used=ranks,
-                                 gpus_per_node=self.gpus_per_node, cap_mib=self.dram_cap_mib)
+                                 gpus_per_node=self.gpus_per_node, cap_mib=self.dram_cap_mib,
+                                 source=source)

@@ -45,16 +45,26 @@ def host_dram_mib(meminfo: str | Path = "/proc/meminfo") -> int:
     raise OSError(f"no MemTotal in {meminfo}")
 
 
+# where the host's DRAM figure came from, said on the budget's first line
+FROM_FLAG = "from --host-dram-mib"
+FROM_RECIPE = "from the recipe's kv_offload.host_dram_mib"
+FROM_THIS_MACHINE = ("from THIS machine's MemTotal (the recipe's host_dram_mib is auto): for "
+                     "the GPU host's budget give --host-dram-mib MIB, its `free -m` total")
+
+
 def total_budget(host_mib: int, *, utilization: float, gpus_used: int, gpus_per_node: int,
-                 cap_mib: int) -> DramBudget:
-    """TOTAL_CPU_DRAM_GB = floor(min(host, cap) MiB * 2**20 * utilization * used/per-node / 1e9)."""
+                 cap_mib: int, source: str = "") -> DramBudget:
+    """TOTAL_CPU_DRAM_GB = floor(min(host, cap) MiB * 2**20 * utilization * used/per-node / 1e9).
+    `source` says where `host_mib` came from (FROM_*): a budget computed on a laptop from its
+    own memory is no GPU host's, and the user must see that."""
     counted = min(host_mib, cap_mib)
     exact = Fraction(counted * MIB) * Fraction(str(utilization)) * gpus_used / gpus_per_node
     total_gb = int(exact // GB)
     total_gib = total_gb * GB // GIB
     steps = [
         f"host DRAM: {host_mib:,} MiB" + (f", capped at {cap_mib:,} MiB" if counted < host_mib
-                                          else f" (cap {cap_mib:,} MiB)"),
+                                          else f" (cap {cap_mib:,} MiB)")
+        + (f"; {source}" if source else ""),
         (f"budget: {counted:,} MiB x 2^20 B/MiB x {utilization} x {gpus_used}/{gpus_per_node} "
          f"GPUs = {float(exact) / GB:,.3f} GB -> {total_gb:,} GB (GB = 1e9 bytes)"),
         (f"in GiB: {total_gb:,} GB x 1e9 / 2^30 = {total_gb * GB / GIB:,.2f} -> "

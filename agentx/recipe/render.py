@@ -24,15 +24,28 @@ from .schema import Point, Recipe, spec_k
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def expand(text: str, environ: Mapping[str, str]) -> str:
-    """`${NAME}` and `${NAME:-default}` from `environ` (unset without default: an error)."""
+def expand(text: str, environ: Mapping[str, str], help: Mapping[str, str] | None = None) -> str:
+    """`${NAME}` and `${NAME:-default}` from `environ` (unset without default: an error,
+    with the recipe's `env_help` for NAME when it has one)."""
     def sub(m: re.Match) -> str:
         if m.group(1) in environ:
             return environ[m.group(1)]
         if m.group(2) is not None:
             return m.group(2)
-        raise ValueError(f"${{{m.group(1)}}} is not set")
+        hint = (help or {}).get(m.group(1))
+        raise ValueError(f"${{{m.group(1)}}} is not set" + (f": {hint}" if hint else ""))
     return _VAR.sub(sub, text)
+
+
+def missing_paths(recipe: Recipe, environ: Mapping[str, str]) -> str | None:
+    """A problem with a path variable of `env_help` (set but naming nothing), said with its
+    help: caught before a server is launched rather than as the server's own error minutes
+    later."""
+    for var, hint in recipe.env_help.items():
+        value = environ.get(var)
+        if value is not None and not Path(value).exists():
+            return f"${{{var}}} is {value}, which does not exist: {hint}"
+    return None
 
 
 def compact(obj: object) -> str:
@@ -114,7 +127,7 @@ def _render(recipe: Recipe, idx: int, point: Point, conc: int | None, host: str,
             workdir: Path, recipe_dir: Path, env_in: Mapping[str, str],
             host_mib: int | None) -> Rendered:
     def x(text: str) -> str:
-        return expand(text, env_in)
+        return expand(text, env_in, recipe.env_help)
 
     command = [x(c) for c in recipe.command]
     model = x(recipe.model)

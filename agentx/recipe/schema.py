@@ -138,6 +138,9 @@ class Recipe(StrictModel):
     max_num_batched_tokens: int | None = opt(None, "--max-num-batched-tokens", ge=1)
     extra_args: list[str] = opt(None, "more vllm serve arguments, verbatim", factory=list)
     env: dict[str, str] = opt(None, "environment for the server", factory=dict)
+    env_help: dict[str, str] = opt(None, "VAR -> how to set it, for a ${VAR} naming a local "
+                                   "path (built assets): said when it is unset, or when "
+                                   "launching finds the path missing", factory=dict)
     default_chat_template_kwargs: dict[str, Any] = opt(
         None, "--default-chat-template-kwargs, e.g. {enable_thinking: true}", factory=dict)
     speculative: Speculative | None = opt(None, "speculative decoding")

@@ -4,12 +4,13 @@ GPU or vLLM is present and the recipe names a `sim_profile`."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from ..errors import InputError
-from ..recipe.render import render
+from ..recipe.render import missing_paths, render
 from ..recipe.schema import Recipe
 from ..recipe.simargs import sim_argv, sim_options
 from ..sim.profile import kv_bytes_per_token_rank, load_profile
@@ -92,6 +93,9 @@ class RecipeServer(Server):
             r = render(self.recipe, self.point, conc=self.conc, host=self.host, port=port,
                        workdir=wd, recipe_dir=self.recipe_dir, source=self.source,
                        host_dram_mib=self.host_dram_mib)
+            problem = missing_paths(self.recipe, os.environ)
+            if problem:
+                raise InputError(self.source, problem)
             (wd / "command.sh").write_text(r.script())
             self.handle = start(r.argv, r.env, base_url=r.base_url, workdir=wd,
                                 health_timeout_s=self.health_timeout_s, on_log=self.on_log,

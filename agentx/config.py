@@ -132,7 +132,7 @@ class RunConfig(PercentilesOption):  # --percentiles: declared once, shared with
                                          "'auto'", group=WORKLOAD)
     ray: str | None = opt(None, "place the worker processes as Ray actors across hosts: a "
                           "cluster address (auto, HOST:6379, ray://HOST:10001) or 'local' (pip "
-                          "install 'agentx[ray]'; see docs/scale-out.md)", group=WORKLOAD)
+                          "install 'agentx-bench[ray]'; see docs/scale-out.md)", group=WORKLOAD)
     # --- target ---
     base_url: str | None = opt(None, "OpenAI-compatible server; omitted: start the embedded "
                                "simulator", group=TARGET)

@@ -93,8 +93,8 @@ def test_poisson_run_arrives_on_schedule_and_reports_rates(sim, tmp_path):
     assert abs(a["sessions_arrived"] - 1 - mean) < 4 * mean ** 0.5
     t0, first = _t0(s), _first_sends(recs)
     for k, at in enumerate(a["schedule_s"]):
-        if k in first:  # sent at its arrival (no cap): dispatch within 50 ms
-            assert (first[k] - t0) / 1e9 == pytest.approx(at, abs=0.05)
+        if k in first:  # sent at its arrival (no cap); 0.1 s for a loaded 2-core CI machine
+            assert (first[k] - t0) / 1e9 == pytest.approx(at, abs=0.1)
     # offered vs achieved, recomputed from what the run wrote
     span = a["span_s"]
     assert a["offered_session_rate"] == pytest.approx(a["sessions_arrived"] / span)
@@ -170,7 +170,7 @@ def test_mooncake_timestamps_with_time_scale(sim, tmp_path):
     assert s["stop_reason"] == "trace_end"  # every session replayed whole, then the run ends
     assert len(recs) == 6 and all(r["ok"] for r in recs)
     t0, first = _t0(s), _first_sends(recs)
-    assert [round((first[k] - t0) / 1e9, 1) for k in range(3)] == [0.0, 0.5, 1.0]
+    assert [(first[k] - t0) / 1e9 for k in range(3)] == pytest.approx([0.0, 0.5, 1.0], abs=0.1)
 
 
 @pytest.mark.parametrize("args, says", [

@@ -1,6 +1,8 @@
 """`agentx report DIR...`: one run -> its console table and PNG plots; several runs (or a
-directory of runs) -> one CSV row each, and the Pareto frontier as PNG and table. A run killed
-before writing summary.json gets it rebuilt from its records first."""
+directory of runs) -> one CSV row each, and the Pareto frontier as PNG and table; an `agentx ab`
+directory -> its sides' runs. `--html` writes all of it, with ab.json's comparison, into one
+self-contained HTML file. A run killed before writing summary.json gets it rebuilt from its
+records first."""
 from __future__ import annotations
 
 import argparse
@@ -27,11 +29,20 @@ class ReportOptions(PercentilesOption):
     output_dir: str | None = opt(None, "where runs.csv and pareto.png go (default: the runs' "
                                  "common parent directory)", short="-o", old=("--out",))
     plots: bool = opt(True, "write PNG plots")
+    aiperf: bool = opt(False, "also write each run's AIPerf export files into its "
+                       "aiperf_artifacts/, what InferenceX's agentic aggregator reads "
+                       "(docs/inferencex.md)")
+    html: str | None = opt(None, "also write one self-contained HTML report (figures embedded, "
+                           "no network): to FILE, or with no FILE report.html in the run "
+                           "directory (one run) or the output directory", metavar="FILE")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.description = __doc__
     add_arguments(p, ReportOptions)
+    for a in p._actions:  # `--html` alone: the default file
+        if getattr(a, "field", (None, ""))[1] == "html":
+            a.nargs, a.const, a.metavar = "?", "", "FILE"
     p.set_defaults(func=main)
 
 
@@ -41,11 +52,15 @@ def main(args: argparse.Namespace) -> int:
 
 def run(o: ReportOptions) -> int:
     from ..report.console import make_console
+    from ..report.html import ab_dirs
     from ..report.rebuild import find_runs, load_run
     from ..report.runs import common_parent, report_many, report_one
 
     console = make_console()
-    runs = [load_run(d, gpus=o.gpus, slo=o.slo) for d in find_runs(o.dirs)]
+    ab = ab_dirs(o.dirs)  # an `agentx ab` directory: its sides' runs (a/1, b/1, ...)
+    dirs = [str(x) for d in o.dirs for x in ([Path(d) / "a", Path(d) / "b"] if Path(d) in ab
+                                             else [d])]
+    runs = [load_run(d, gpus=o.gpus, slo=o.slo) for d in find_runs(dirs)]
     if o.percentiles:  # computed from the records where the run's summary lacks them
         from ..metrics.summary import add_percentiles
 
@@ -54,7 +69,23 @@ def run(o: ReportOptions) -> int:
     for r in runs:
         for note in r.notes:
             console.print(f"agentx report: {r.dir}: {note}")
-    if len(runs) == 1:
-        return report_one(runs[0], console, plots=o.plots)
+    if o.aiperf:
+        from ..report.aiperf_export import export
+
+        for r in runs:
+            console.print(f"aiperf: {export(r.dir)}")
     out = Path(o.output_dir) if o.output_dir else common_parent([r.dir for r in runs])
-    return report_many(runs, out, console, goodput=o.goodput, gpus=o.gpus, plots=o.plots)
+    if len(runs) == 1:
+        code = report_one(runs[0], console, plots=o.plots)
+    else:
+        code = report_many(runs, out, console, goodput=o.goodput, gpus=o.gpus, plots=o.plots)
+    if o.html is not None:
+        from ..report.html import default_path, write_html
+        from ..rundir import RunDir
+
+        path = Path(o.html) if o.html else default_path(runs, out)
+        write_html(path, runs, ab_dirs=ab, goodput=o.goodput, gpus=o.gpus, plots=o.plots)
+        if len(runs) == 1 and path.parent.resolve() == runs[0].dir.resolve():
+            RunDir(runs[0].dir).register(path.name)  # --overwrite removes it with the run
+        console.print(f"html: {path}")
+    return code

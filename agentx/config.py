@@ -180,6 +180,11 @@ class RunConfig(PercentilesOption):  # --percentiles: declared once, shared with
     progress: bool = opt(True, "live progress display", group=OUTPUT)
     scrape_interval_s: float = opt(5.0, "/metrics period in s (0 = off)",
                                    flag="scrape_interval", group=OUTPUT, ge=0.0)
+    gpu_indices: list[int] | None = opt(
+        None, "GPUs whose power, energy, utilisation, memory and SM clock are sampled at the "
+        "--scrape-interval through NVML when nvidia-ml-py is installed (agentx-bench[gpu]) "
+        "and the server is on this machine (docs/metrics.md, GPU power and energy). "
+        "Default: all", group=OUTPUT, metavar="I,J")
     validation: Literal["strict", "warn", "off"] = opt(
         "strict", "a failed validation verdict exits 3 (strict) or only warns (warn: exit 0); "
         "off skips validation (docs/reliability.md)", flag="validate", group=OUTPUT)

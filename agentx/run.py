@@ -27,6 +27,7 @@ from .engine.workers import WorkerPool, auto_workers, usable_cores, worker_name
 from .errors import InputError, OutputError, RunLost
 from .metrics.arrivals import arrival_summary
 from .metrics.goodput import goodput
+from .metrics.gpu import energy_block
 from .metrics.server_metrics import kv_pool
 from .metrics.summary import dist, summarize
 from .metrics.tiers import resolve as resolve_tier
@@ -115,6 +116,9 @@ async def run_async(cfg: RunConfig, target: Target,
         await scraper.start()
         if scraper.first is not None:
             pool_tokens = kv_pool(scraper.first).get("kv_pool_tokens")
+    gpu = _gpu_sampler(cfg, base_url, rd.metrics)  # after the scraper: both append there
+    if not isinstance(gpu, str):
+        gpu.start()
     tier = resolve_tier(cfg.offload_tokens, scraper.first if scraper else None, target.connector)
     block_tokens = traces.block_size * cfg.context_scale
     pool_blocks = int(pool_tokens / block_tokens) if pool_tokens else None
@@ -149,6 +153,8 @@ async def run_async(cfg: RunConfig, target: Target,
     finally:
         if scraper:
             await scraper.stop()
+        if not isinstance(gpu, str):
+            await asyncio.to_thread(gpu.stop)
         if pooled:
             merge_failed = _merge_workers(cfg, specs, requests_path, results)
     # a records file that could not be written (disk full): no summary of a partial record
@@ -165,6 +171,10 @@ async def run_async(cfg: RunConfig, target: Target,
         print(f"agentx: warning: skipped {bad} unreadable line(s) of {requests_path}",
               file=sys.stderr)
     summary = _summary(cfg, results, n_workers, records, scraper, meta, ccfg, tier, lost)
+    win = summary["window"]
+    summary["energy"] = energy_block([] if isinstance(gpu, str) else gpu.rows, win["start_ns"],
+                                     win["end_ns"], summary["tokens"]["output"],
+                                     summary["completed"], gpu if isinstance(gpu, str) else None)
     write_json(rd.summary, summary)
     summary["output_dir"] = str(out)
     return summary
@@ -302,6 +312,18 @@ def _scraper(base_url: str, interval: float, headers: dict, out_path: Path,
     return ScraperProcess(base_url.rstrip("/") + "/metrics", interval_s=interval, headers=auth,
                          timeout_s=timeout_s,
                          out_path=out_path)
+
+
+def _gpu_sampler(cfg: RunConfig, base_url: str, out_path: Path):
+    """NVML sampling of this machine's GPUs at the scrape cadence, or why not (a str)."""
+    from .metrics.gpu import GpuSampler, say_once, server_on_this_host
+
+    if cfg.scrape_interval_s <= 0:
+        return "--scrape-interval 0 turns sampling off"
+    if not server_on_this_host(base_url):
+        return say_once(f"the server ({redact_url(base_url)}) is not on this machine, whose "
+                        "GPUs NVML would read")
+    return GpuSampler.open(cfg.scrape_interval_s, cfg.gpu_indices, out_path)
 
 
 def _run_meta(ccfg: ClientConfig, base_url: str, embedded: bool, max_model_len: int | None,

@@ -50,6 +50,7 @@ class RunDir:
     SUMMARY = "summary.json"  # written at the end (or rebuilt by `agentx report`)
     MANIFEST = ".agentx-files"
     LATENCY_CDF, SERVER_TIMESERIES = "latency_cdf.png", "server_timeseries.png"  # report plots
+    GPU_POWER = "gpu_power.png"  # report plot of the NVML samples (metrics/gpu.py)
     CALIBRATION = "calibration.json"  # `agentx calibrate`'s result, in its own directory
     FILES = (RUN, REQUESTS, METRICS, SUMMARY)
     # what a run (and `agentx report` in it) wrote before manifests: exact names, never a

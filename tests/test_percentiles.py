@@ -5,8 +5,8 @@ run's own records."""
 from __future__ import annotations
 
 import csv
-import re
 import json
+import re
 from pathlib import Path
 
 import numpy as np

@@ -94,7 +94,10 @@ class MetricsScraper:
         self._task: asyncio.Task | None = None
         self._keys: dict[SampleKey, SampleKey] = {}
         self._parse_in_thread = parse_in_thread  # False when already off the benchmark loop
-        self._out = open(out_path, "wb", buffering=0) if out_path is not None else None
+        self._out = None
+        if out_path is not None:  # appending: the GPU sampler (metrics/gpu.py) writes there too
+            open(out_path, "wb").close()
+            self._out = open(out_path, "ab", buffering=0)
 
     def __getstate__(self) -> dict:
         """What a scrape process sends back: the results, not its session, task, file or

@@ -63,6 +63,8 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         *throughput_lines(summary),
         cache_line(cache),
     ]
+    if (summary.get("energy") or {}).get("source"):
+        lines.append(energy_line(summary["energy"]))
     lines[1:1] = window_lines(summary)
     if summary.get("arrivals"):  # open loop: offered vs achieved, the cap's waits
         lines.insert(1, arrivals_line(summary["arrivals"]))
@@ -148,6 +150,18 @@ def cache_line(cache: dict) -> str:
                  f"{_pct(cache.get('theoretical_hit_rate_pool'))}")
     theory = f"infinite-cache theory{'' if pool else ', used by validation'}: "
     return f"{line}; {theory}{_pct(cache.get('theoretical_hit_rate'))}"
+
+
+def energy_line(e: dict) -> str:
+    """The measurement window's GPU energy (NVML) and what it buys, or why it is missing."""
+    gpus = ",".join(map(str, e.get("gpus") or [])) or "-"
+    how = ", ".join(sorted(set((e.get("method") or {}).values()))) or "-"
+    if e.get("energy_j") is None:
+        return f"energy (NVML, GPU {gpus}): - ({e.get('note') or 'no figure'})"
+    return (f"energy (NVML, GPU {gpus}, {how}): {_f(e['energy_j'])} J over the window, "
+            f"{_f(e.get('mean_power_w'))} W mean; {_f(e.get('j_per_output_token'), 3)} J/output "
+            f"token, {_f(e.get('j_per_request'), 1)} J/request, "
+            f"{_f(e.get('output_tokens_per_j'), 3)} output tok/J")
 
 
 def window_lines(summary: dict) -> list[str]:

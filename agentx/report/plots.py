@@ -161,6 +161,27 @@ def server_timeseries(rows: list[dict], path: Path, title: str, summary: dict | 
     return _save(plt, fig, path, title)
 
 
+def gpu_power(rows: list[dict], path: Path, title: str, summary: dict | None = None,
+              records: list[dict] | None = None) -> Path:
+    """Power per GPU over the run (NVML samples, metrics/gpu.py), with the warm-up, window and
+    drain shaded and the window's energy in the legend."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for a, b, name, colour in phases(rows, summary, records):
+        ax.axvspan(a, b, color=colour, alpha=0.12, lw=0, label=name)
+    per_j = ((summary or {}).get("energy") or {}).get("per_gpu_j") or {}
+    for i in sorted({g["index"] for r in rows for g in r["gpus"]}):
+        pts = [(r["t"], g.get("power_w")) for r in rows for g in r["gpus"] if g["index"] == i]
+        j = per_j.get(str(i))
+        ax.plot([t for t, _ in pts], [np.nan if p is None else p for _, p in pts], lw=1.2,
+                marker=".", ms=3, label=f"GPU {i}" + (f" ({j:,.0f} J in window)" if j else ""))
+    ax.set_ylabel("power (W)")
+    ax.set_xlabel("seconds since the first GPU sample")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=7)
+    return _save(plt, fig, path, title)
+
+
 def pareto_plot(rows: list[dict], path: Path, y: str, y_label: str,
                 missing: Sequence[str] = ()) -> Path:
     """One panel per interactivity definition: every run coloured by its operating point

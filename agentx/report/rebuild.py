@@ -16,6 +16,7 @@ from pathlib import Path
 from ..errors import InputError
 from ..metrics import server_metrics as sm
 from ..metrics.goodput import goodput
+from ..metrics.gpu import gpu_rows, scrape_rows
 from ..metrics.prom import Snapshot
 from ..metrics.scraper import SERIES_KEYS
 from ..metrics.summary import summarize
@@ -33,7 +34,8 @@ class Run:
     dir: Path
     summary: dict
     records: list[dict]
-    metrics: list[dict] = field(default_factory=list)  # metrics.jsonl rows
+    metrics: list[dict] = field(default_factory=list)  # metrics.jsonl's /metrics scrapes
+    gpu: list[dict] = field(default_factory=list)  # metrics.jsonl's GPU samples (metrics/gpu.py)
     notes: list[str] = field(default_factory=list)  # what loading had to repair
 
 
@@ -93,7 +95,8 @@ def load_run(run_dir: Path, *, gpus: int | None = None, slo: dict | None = None)
     records, bad = read_jsonl(rd.requests)
     if bad:
         notes.append(f"skipped {bad} unreadable line(s) in {REQUESTS}")
-    metrics, bad_m = read_jsonl(rd.metrics)
+    rows, bad_m = read_jsonl(rd.metrics)
+    metrics, gpu = scrape_rows(rows), gpu_rows(rows)
     summary, broken = rd.read_json(SUMMARY)
     if broken:
         notes.append(f"{SUMMARY} is {broken}: rebuilt it from the records")
@@ -114,7 +117,7 @@ def load_run(run_dir: Path, *, gpus: int | None = None, slo: dict | None = None)
                          + (f" and {len(metrics)} /metrics scrapes" if metrics else ""))
     if slo and (summary.get("goodput") or {}).get("slo_ms") != slo:
         summary["goodput"] = goodput(records, slo, summary["throughput"]["window_s"])
-    return Run(run_dir, summary, records, metrics, notes)
+    return Run(run_dir, summary, records, metrics, gpu=gpu, notes=notes)
 
 
 def read_run_json(run_dir: Path) -> dict | None:

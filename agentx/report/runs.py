@@ -24,13 +24,16 @@ def report_one(run: Run, console: Console, *, plots: bool = True) -> int:
 
     print_summary(run.summary, console)
     if plots:
-        from .plots import latency_cdfs, server_timeseries
+        from .plots import gpu_power, latency_cdfs, server_timeseries
 
         title = plot_title(run)
         made = [latency_cdfs(run.records, run.dir / RunDir.LATENCY_CDF, title)]
         if run.metrics:
             made.append(server_timeseries(run.metrics, run.dir / RunDir.SERVER_TIMESERIES,
                                           title, run.summary, run.records))
+        if run.gpu:
+            made.append(gpu_power(run.gpu, run.dir / RunDir.GPU_POWER, title, run.summary,
+                                  run.records))
         RunDir(run.dir).register(*(p.name for p in made))  # --overwrite removes them, nothing else
         console.print("plots: " + ", ".join(str(p) for p in made))
     return 0

@@ -224,3 +224,15 @@ def test_every_command_with_an_option_model_takes_a_config_file():
     for name, p in with_models:
         flags = {f for a in p._actions for f in a.option_strings}
         assert {"--config", "--print-config"} <= flags, name
+
+
+def test_ab_sim_is_the_switch_or_the_simulators_options(tmp_path):
+    """ab has both `--sim` (serve recipe sides on the simulator) and `--sim-*`: `sim: true`
+    is the switch, `sim: {...}` the simulator's options."""
+    sides = "a: http://127.0.0.1:1\nb: tiny-cpu\nmax_requests: 4\n"
+    cfg = write(tmp_path, sides + "sim: true\n")
+    c = ab_cmd.config_from_args(parse(["ab", "--config", str(cfg)]))
+    assert c.recipe_sim is True and c.sim.spec_k == 0
+    cfg = write(tmp_path, sides + "sim: {spec_k: 3}\n")
+    c = ab_cmd.config_from_args(parse(["ab", "--config", str(cfg)]))
+    assert c.recipe_sim is False and c.sim.spec_k == 3

@@ -178,3 +178,18 @@ def test_export_cell_again_is_idempotent(cell):
     fields = export_cell(recipe, recipe.points[0], 2, cell, _load(cell / "summary.json"))
     assert _load(cell / "inferencex.json") == before
     assert fields["request_metrics"] == before["request_metrics"]
+
+
+def test_report_aiperf_writes_the_export_of_any_run(cell, tmp_path):
+    """`agentx report DIR --aiperf`: the export for a run made without a recipe (here a copy
+    of the cell's run files only), the same rows as the sweep wrote."""
+    from agentx.cli import main as agentx_main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("run.json", "requests.jsonl", "metrics.jsonl", "summary.json"):
+        (run / name).write_bytes((cell / name).read_bytes())
+    assert agentx_main(["report", str(run), "--aiperf", "--no-plots"]) == 0
+    for name in (ax.RECORDS, ax.AGGREGATE, ax.SERVER):
+        assert (run / ax.ARTIFACTS / name).read_bytes() == \
+            (cell / ax.ARTIFACTS / name).read_bytes(), name

@@ -101,9 +101,12 @@ def test_resume_refuses_a_cell_recorded_with_another_config(tmp_path, recipe):
     ("ttft:abc", "'abc' is not a number of ms"),
     ("ttft:200,goodput:1.5", "goodput: 1.5 is not a fraction in (0, 1]"),
     ("goodput:0.9", "no SLO given"),
+    ("ttft:200 --search-min 8 --search-max 4", "--search-min 8 > --search-max 4"),
+    (None, "need --search"),
 ])
 def test_bad_search_is_one_line(tmp_path, recipe, text, message):
-    proc = _sweep(recipe, "--sim", "--search", text, "-o", tmp_path / "x")
+    args = ["--search", *text.split()] if text else ["--search-max", "8"]
+    proc = _sweep(recipe, "--sim", *args, "-o", tmp_path / "x")
     assert proc.returncode == 2 and message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 

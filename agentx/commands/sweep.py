@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from ..config import SecondsOrAuto
 from ..metrics.percentiles import PercentilesOption
@@ -68,6 +68,15 @@ class SweepCommand(Launch, PercentilesOption):
         if v is not None:
             parse_search(v)  # ValueError: the one-line message
         return v
+
+    @model_validator(mode="after")
+    def _search_bounds(self) -> "SweepCommand":
+        if self.search is None and (self.search_min or self.search_max
+                                    or "search_max_cells" in self.model_fields_set):
+            raise ValueError("--search-min, --search-max and --search-max-cells need --search")
+        if self.search_min and self.search_max and self.search_min > self.search_max:
+            raise ValueError(f"--search-min {self.search_min} > --search-max {self.search_max}")
+        return self
 
     def search_spec(self) -> SearchSpec | None:
         """The --search options as the sweep takes them."""

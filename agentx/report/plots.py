@@ -175,6 +175,7 @@ def gpu_power(rows: list[dict], path: Path, title: str, summary: dict | None = N
         j = per_j.get(str(i))
         ax.plot([t for t, _ in pts], [np.nan if p is None else p for _, p in pts], lw=1.2,
                 marker=".", ms=3, label=f"GPU {i}" + (f" ({j:,.0f} J in window)" if j else ""))
+    ax.set_ylim(bottom=0)  # from 0 W: a flat 300 W line is not drawn as swings
     ax.set_ylabel("power (W)")
     ax.set_xlabel("seconds since the first GPU sample")
     ax.grid(alpha=0.3)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import os
 import tempfile
 from collections.abc import Callable
 from html import escape
@@ -32,6 +33,7 @@ from .rebuild import Run
 from .target import target_text
 
 REPORT_HTML = "report.html"  # one run's default file, in its directory
+OPEN_UP_TO = 3  # runs whose sections start unfolded; more start folded (<details>)
 AB_JSON, AB_PNG = "ab.json", "ab_cdf.png"  # written by `agentx ab` (agentx/ab/run.py)
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
@@ -60,8 +62,10 @@ def write_html(path: Path, runs: list[Run], *, ab_dirs: list[Path] = (), goodput
         figs = Figures(Path(tmp), plots)
         parts = [_ab_section(d, figs) for d in ab_dirs]
         if len(runs) > 1:
-            parts.append(_pareto_section(runs, figs, goodput, gpus))
-        parts += [_run_section(r, figs, i, open_=len(runs) == 1) for i, r in enumerate(runs)]
+            parts.append(_pareto_section(runs, short_names(runs), figs, goodput, gpus))
+        names = short_names(runs)
+        parts += [_run_section(r, names[i], figs, i, open_=len(runs) <= OPEN_UP_TO)
+                  for i, r in enumerate(runs)]
     heading = title(runs[0].summary) if len(runs) == 1 else f"agentx report — {len(runs)} runs"
     doc = (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
@@ -98,12 +102,20 @@ def png_img(path: Path, alt: str) -> str:
     return f'<img alt="{escape(alt)}" src="data:image/png;base64,{data}">'
 
 
-def _run_section(run: Run, figs: Figures, i: int, open_: bool) -> str:
+def short_names(runs: list[Run]) -> list[str]:
+    """Each run's path below the runs' common parent (`ab/a/1`, not `1`)."""
+    if len(runs) == 1:
+        return [runs[0].dir.name]
+    base = os.path.commonpath([str(r.dir.resolve().parent) for r in runs])
+    return [os.path.relpath(r.dir.resolve(), base) for r in runs]
+
+
+def _run_section(run: Run, name: str, figs: Figures, i: int, open_: bool) -> str:
     from .plots import latency_cdfs, server_timeseries
     from .runs import plot_title
 
     s = run.summary
-    head = f"{escape(run.dir.name)} — {escape(target_text(s))}"
+    head = f"{escape(name)} — {escape(target_text(s))}"
     body = [f"<p><b>target</b>: {escape(target_text(s))}<br><b>workload</b>: "
             f"{escape(workload(s.get('config') or {}))}<br><b>directory</b>: "
             f"{escape(str(run.dir))}</p>"]
@@ -197,7 +209,8 @@ def _config(s: dict) -> str:
             f"{escape(json.dumps(cfg, indent=1, default=str))}</pre></details>")
 
 
-def _pareto_section(runs: list[Run], figs: Figures, goodput: bool, gpus: int | None) -> str:
+def _pareto_section(runs: list[Run], names: list[str], figs: Figures, goodput: bool,
+                    gpus: int | None) -> str:
     from .plots import pareto_plot
 
     rows = [run_row(str(r.dir), r.summary, r.records, gpus) for r in runs]
@@ -209,7 +222,7 @@ def _pareto_section(runs: list[Run], figs: Figures, goodput: bool, gpus: int | N
     body = []
     for i, r in sorted(enumerate(rows), key=lambda t: (t[1]["conc"] or 0, t[1]["run"])):
         inter = [_num(r[c]) + (" *" if r[frontier_key(c)] else "") for c, _ in INTERACTIVITY]
-        cells = [f'<a href="#run-{i}">{escape(Path(r["run"]).name)}</a>',
+        cells = [f'<a href="#run-{i}">{escape(names[i])}</a>',
                  escape(str(r["conc"] or "")), str(r["completed"]), _num(r[y]),
                  _num(r["ttft_p50_ms"]), _num(r["tpot_p50_ms"]), *map(escape, inter),
                  escape(r["validation"] or "-") + (" (rebuilt)" if r["rebuilt"] else "")]

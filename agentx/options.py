@@ -55,17 +55,18 @@ def opt(default: Any = None, help: str = "", *, flag: str | None = None,
         short: str | None = None, group: str | None = None, cli: bool = True,
         factory: Any = None, repeat: bool = False, old: tuple[str, ...] = (),
         positional: bool = False, metavar: str | None = None, negatable: bool = True,
-        **bounds: Any) -> Any:
+        bare: str | None = None, **bounds: Any) -> Any:
     """A field with its help text, optional flag name (default `--field-name`) and short
     alias (`-o`), argparse group and pydantic bounds (`ge`, `gt`, `le`, `lt`, `min_length`,
     ...). `factory` builds a mutable default; `cli=False` keeps a field off the command line;
     `repeat=True` makes the flag repeatable (the field's validator gets the list of values);
     `old` lists former spellings (`"--out"`), still accepted with a deprecation line;
     `positional=True` makes it an argument (a list field takes one or more; it may instead
-    come from --config); `negatable=False` gives a bool flag no `--no-` form."""
+    come from --config); `negatable=False` gives a bool flag no `--no-` form; `bare` is the
+    value of the flag given alone (`--html` -> "", `--html FILE` -> FILE)."""
     extra = {"flag": flag, "short": short, "group": group, "cli": cli, "repeat": repeat,
              "old": list(old), "positional": positional, "metavar": metavar,
-             "negatable": negatable}
+             "negatable": negatable, "bare": bare}
     if factory is not None:
         return Field(default_factory=factory, description=help, json_schema_extra=extra, **bounds)
     return Field(default, description=help, json_schema_extra=extra, **bounds)
@@ -205,8 +206,10 @@ def _add_field(target: Any, name: str, f: Any, prefix: str) -> list[argparse.Act
                                     action="append", help=help_,
                                     metavar=meta.get("metavar") or name.upper().removesuffix("S"))]
     else:
+        alone = {} if meta.get("bare") is None else {"nargs": "?", "const": meta["bare"]}
         made = [target.add_argument(*short, flag, dest=dest, default=argparse.SUPPRESS,
-                                    metavar=metavar, help=help_ + shown.replace("%", "%%"))]
+                                    metavar=metavar, help=help_ + shown.replace("%", "%%"),
+                                    **alone)]
     for o in old:
         made.append(target.add_argument(o, dest=dest, action=OldSpelling, new=flag,
                                         append=repeat, metavar=metavar))

@@ -34,15 +34,13 @@ class ReportOptions(PercentilesOption):
                        "(docs/inferencex.md)")
     html: str | None = opt(None, "also write one self-contained HTML report (figures embedded, "
                            "no network): to FILE, or with no FILE report.html in the run "
-                           "directory (one run) or the output directory", metavar="FILE")
+                           "directory (one run) or the output directory", metavar="FILE",
+                           bare="")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.description = __doc__
     add_arguments(p, ReportOptions)
-    for a in p._actions:  # `--html` alone: the default file
-        if getattr(a, "field", (None, ""))[1] == "html":
-            a.nargs, a.const, a.metavar = "?", "", "FILE"
     p.set_defaults(func=main)
 
 

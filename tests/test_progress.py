@@ -47,6 +47,24 @@ def test_plain_progress_shows_phases_time_left_and_errors(tmp_path):
     assert errors == sum('"ok":false' in r.replace(" ", "") for r in records)
 
 
+def test_worker_processes_report_one_run(tmp_path):
+    """--workers 2: the parent's line adds up the processes' counters, phases in order, and
+    the last line holds every worker's final counts (each sends them as it ends)."""
+    p = subprocess.run(
+        [sys.executable, "-m", "agentx", "run", "--trace", "swe", "--conc", "4", "--workers",
+         "2", "--duration", "5", "--warmup", "2", "--max-think", "0", "--sim-profile",
+         "cpu-tiny", "--sim-time-scale", "20", "--validate", "warn", "--scrape-interval", "1",
+         "--output-dir", str(tmp_path / "run")],
+        cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = [m.groups() for m in map(LINE.match, p.stderr.splitlines()) if m]
+    phases = [g[1] for g in lines]
+    assert phases[-1] == "done" and "measuring" in phases, p.stderr
+    assert [PHASES.index(x) for x in phases] == sorted(PHASES.index(x) for x in phases)
+    records = (tmp_path / "run" / "requests.jsonl").read_text().splitlines()
+    assert int(lines[-1][4]) == len(records) and int(lines[-1][3]) == 0
+
+
 def test_rich_panel_has_the_same_answers():
     s = LiveStats(lanes=4, sessions_active=4, in_flight=3, done=50, errors=5, running=True,
                   ramp_up_s=1.0, warmup_end_s=2.0, duration_s=60.0, limit_s=60.0,

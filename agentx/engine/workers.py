@@ -171,6 +171,8 @@ def _worker_entry(spec: DriveSpec, stop_evt, force_evt, q, parent_pid: int,
         finally:
             w.cancel()
             aio.remove_stop_signals(loop)
+            if engine_box and not orphan.is_set():  # the final counts, for the progress line
+                q.put(("stats", spec.worker, asdict(engine_box[0].stats)))
 
     try:
         result = aio.run(main())

@@ -126,7 +126,7 @@ class LiveStats:
         self.done += 1
         self.output_tokens += rec.osl or 0
         if not rec.ok:
-            self.errors += 1
+            self.errors += rec.error != "cancelled"  # the run's own stop is no server error
             return
         if rec.ttft_ms is not None:
             self.recent_ttft_ms.append(rec.ttft_ms)

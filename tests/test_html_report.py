@@ -161,3 +161,22 @@ def test_several_runs_and_an_ab_in_one_file(made, tmp_path):
     ab = json.loads((made / "ab" / "ab.json").read_text())
     assert all(m["label"] in text for m in ab["metrics"].values())
     assert "4 runs: throughput tok/s per GPU against interactivity" in text
+
+
+def test_gpu_power_and_energy_are_in_the_page(cli, made, tmp_path, monkeypatch):
+    """A run sampled by NVML (faked at the library boundary, as tests/test_gpu_energy.py does)
+    gets its power figure and energy line in the page."""
+    from agentx.metrics import gpu
+    from test_gpu_energy import fake_pynvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
+    monkeypatch.setattr(gpu, "_said", set())
+    out = tmp_path / "run"
+    r = cli("run", "--trace", made / "tr", "-o", out, "--gpu-indices", "0,1", "--conc", 2,
+            "--max-requests", 16, "--duration", 0, "--max-think", 0, "--no-progress",
+            "--validate", "warn", "--scrape-interval", "0.5", "--sim-profile", "cpu-tiny")
+    assert r.returncode == 0, r.stderr
+    assert cli("report", out, "--html").returncode == 0
+    page = check_page(out / "report.html", tmp_path,
+                      {"latency CDFs", "server time series", "GPU power"})
+    assert "energy (NVML, GPU 0,1" in page["text"]

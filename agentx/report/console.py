@@ -57,6 +57,13 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         t.caption = (f"n: values per metric; † p99 or above of fewer than {THIN_P99} values "
                      "(near the maximum)")
     console.print(t)
+    for ln in summary_lines(summary):
+        console.print(ln)
+
+
+def summary_lines(summary: dict, verdict: bool = True) -> list[str]:
+    """The lines under the table: requests, window, throughput, cache, energy, goodput,
+    errors, client, and (`verdict`) the validation (the HTML report shows the same)."""
     cache = summary["cache"]
     lines = [
         requests_line(summary),
@@ -90,11 +97,10 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         lines.append(f"REBUILT from the records of a run that did not finish "
                      f"(stop: {summary.get('stop_reason')})")
     v = summary.get("validation")
-    if v:
+    if v and verdict:
         lines.append(f"validation: {v['verdict']}" + (
             " — " + "; ".join(v["reasons"]) if v.get("reasons") else ""))
-    for ln in lines:
-        console.print(ln)
+    return lines
 
 
 def requests_line(summary: dict) -> str:

@@ -27,7 +27,7 @@ from ..errors import InputError
 from ..metrics.catalog import DISTS
 from ..metrics.percentiles import pct_key, shown
 from ..rundir import RunDir
-from .console import THIN_P99, cache_line, requests_line, throughput_lines, title, window_lines
+from .console import THIN_P99, summary_lines, title
 from .pareto import INTERACTIVITY, frontier_key, mark_frontiers, run_row
 from .rebuild import Run
 from .target import target_text
@@ -111,7 +111,7 @@ def short_names(runs: list[Run]) -> list[str]:
 
 
 def _run_section(run: Run, name: str, figs: Figures, i: int, open_: bool) -> str:
-    from .plots import latency_cdfs, server_timeseries
+    from .plots import gpu_power, latency_cdfs, server_timeseries
     from .runs import plot_title
 
     s = run.summary
@@ -125,6 +125,9 @@ def _run_section(run: Run, name: str, figs: Figures, i: int, open_: bool) -> str
     if run.metrics:
         body.append(figs.img(lambda p: server_timeseries(run.metrics, p, ptitle, s, run.records),
                              "server time series"))
+    if run.gpu:
+        body.append(figs.img(lambda p: gpu_power(run.gpu, p, ptitle, s, run.records),
+                             "GPU power"))
     body.append(_config(s))
     return (f'<section id="run-{i}"><details{" open" if open_ else ""}><summary><h2 '
             f'style="display:inline">{head}</h2> {_badge(s)}</summary>{"".join(body)}'
@@ -194,10 +197,8 @@ def _latency_table(s: dict) -> str:
 
 
 def _lines(s: dict) -> str:
-    """The console's lines under its table, from the same functions."""
-    lines = [requests_line(s), *window_lines(s), *throughput_lines(s), cache_line(s["cache"])]
-    if s.get("errors"):
-        lines.append("errors: " + ", ".join(f"{k}={v}" for k, v in s["errors"].items()))
+    """The console's lines under its table, from the same function."""
+    lines = summary_lines(s, verdict=False)
     if s.get("stop_reason"):
         lines.append(f"stop: {s['stop_reason']}")
     return "<ul>" + "".join(f"<li>{escape(ln)}</li>" for ln in lines) + "</ul>"

@@ -223,7 +223,8 @@ def _pareto_section(runs: list[Run], names: list[str], figs: Figures, goodput: b
     body = []
     for i, r in sorted(enumerate(rows), key=lambda t: (t[1]["conc"] or 0, t[1]["run"])):
         inter = [_num(r[c]) + (" *" if r[frontier_key(c)] else "") for c, _ in INTERACTIVITY]
-        cells = [f'<a href="#run-{i}">{escape(names[i])}</a>',
+        answer = " <b>(SLO answer)</b>" if r.get("slo_answer") else ""  # a sweep's --search
+        cells = [f'<a href="#run-{i}">{escape(names[i])}</a>{answer}',
                  escape(str(r["conc"] or "")), str(r["completed"]), _num(r[y]),
                  _num(r["ttft_p50_ms"]), _num(r["tpot_p50_ms"]), *map(escape, inter),
                  escape(r["validation"] or "-") + (" (rebuilt)" if r["rebuilt"] else "")]

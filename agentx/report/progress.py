@@ -75,6 +75,11 @@ def _rates(s: LiveStats, elapsed: float) -> str:
     return f"{s.done / elapsed:.2f} req/s, {s.output_tokens / elapsed:,.0f} output tok/s"
 
 
+def _sessions(s: LiveStats, sep: str = "/", unit: str = "") -> str:
+    """In progress out of the lanes; an open-loop run (no lanes) has no ceiling to show."""
+    return f"{s.sessions_active}{sep}{s.lanes}{unit}" if s.lanes else f"{s.sessions_active}"
+
+
 def _errors(s: LiveStats) -> str:
     return f"{s.errors}" + (f" ({100 * s.errors / s.done:.1f}%)" if s.done else "")
 
@@ -83,7 +88,7 @@ def status_line(s: LiveStats, elapsed: float, finished: bool = False) -> str:
     """One line for logs: `[  12.0s] measuring | left 48 s | sessions 8/8 | ...`."""
     return (f"[{elapsed:6.1f}s] {phase(s, elapsed, finished)} | left "
             f"{remaining(s, elapsed, finished)} | sessions "
-            f"{s.sessions_active}/{s.lanes} | in flight {s.in_flight} | done {s.done} | "
+            f"{_sessions(s)} | in flight {s.in_flight} | done {s.done} | "
             f"{_rates(s, elapsed)} | errors {_errors(s)} | TTFT p50 {_p50(s.recent_ttft_ms)} ms"
             f" | TPOT p50 {_p50(s.recent_tpot_ms)} ms")
 
@@ -93,7 +98,7 @@ def _table(s: LiveStats, elapsed: float, title: str) -> Table:
     t.add_row("phase", phase(s, elapsed))
     t.add_row("elapsed", f"{elapsed:.1f} s")
     t.add_row("remaining", remaining(s, elapsed))
-    t.add_row("sessions in progress", f"{s.sessions_active} / {s.lanes} lanes")
+    t.add_row("sessions in progress", _sessions(s, " / ", " lanes"))
     t.add_row("requests in flight", str(s.in_flight))
     t.add_row("requests done", str(s.done))
     t.add_row("throughput so far", _rates(s, elapsed))

@@ -184,7 +184,7 @@ def resolve_workers(cfg: RunConfig, local_cores: int = 0) -> int:
     """--workers as a number; `auto` keeps `local_cores` for a server on this machine."""
     if cfg.workers == "auto":
         if cfg.ray:
-            from .engine.ray_backend import cluster_cpus, connect
+            from .engine.ray_pool import cluster_cpus, connect
 
             cores, where = cluster_cpus(connect(cfg.ray)), "CPUs in the Ray cluster"
             n = auto_workers(cfg.conc, cores=cores)
@@ -241,7 +241,7 @@ async def _drive_workers(cfg: RunConfig, specs: list[DriveSpec]
     reason: `error: worker w1 (lanes 1, 3) lost: ...` (none when a signal stopped the run:
     it is `signal`, and interrupted). One stderr line per lost worker."""
     if cfg.ray:
-        from .engine.ray_backend import RayPool
+        from .engine.ray_pool import RayPool
 
         pool: Any = RayPool(cfg.ray, specs)
     else:
@@ -252,7 +252,7 @@ async def _drive_workers(cfg: RunConfig, specs: list[DriveSpec]
     aio.install_stop_signals(loop, pool.request_stop, STOP_NOTICE)
     prog = asyncio.create_task(_progress(cfg, pool.stats, done)) if cfg.progress else None
     # workers and Ray actors start together once every one is ready (workers.StartGate,
-    # ray_backend.RayPool._open_gate)
+    # ray_pool.RayPool._open_gate)
     pool.start()
     try:
         results = await pool.wait()

@@ -71,8 +71,10 @@ class SweepCommand(Launch, PercentilesOption):
 
     @model_validator(mode="after")
     def _search_bounds(self) -> "SweepCommand":
+        # a value other than the default, not "was given": --print-config writes every field
+        default_cells = type(self).model_fields["search_max_cells"].default
         if self.search is None and (self.search_min or self.search_max
-                                    or "search_max_cells" in self.model_fields_set):
+                                    or self.search_max_cells != default_cells):
             raise ValueError("--search-min, --search-max and --search-max-cells need --search")
         if self.search_min and self.search_max and self.search_min > self.search_max:
             raise ValueError(f"--search-min {self.search_min} > --search-max {self.search_max}")

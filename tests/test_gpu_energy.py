@@ -147,6 +147,17 @@ def test_without_nvml_one_line_and_null_energy(cli, tmp_path, trace, monkeypatch
         assert not gpu_rows(rows) and scrape_rows(rows)
 
 
+def test_without_the_extra_and_unasked_no_line(cli, tmp_path, trace, monkeypatch):
+    """No pynvml and no --gpu-indices: the user did not ask for energy, so stderr stays quiet
+    (a run's one-line messages are its contract) and the summary says why the figures are null."""
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # None: ImportError
+    r = cli("run", "--trace", trace, "-o", tmp_path / "r", *QUICK)
+    assert r.returncode == 0, r.stderr
+    assert "GPU energy" not in r.stderr
+    e = json.loads((tmp_path / "r" / "summary.json").read_text())["energy"]
+    assert e["energy_j"] is None and e["note"].startswith("pynvml is not importable")
+
+
 def test_window_not_covered_is_null_not_zero():
     rows = [{"kind": "gpu", "t_ns": int(t * 1e9), "gpus": [{"index": 0, "power_w": 200.0,
                                                             "energy_j": None}]}

@@ -80,11 +80,15 @@ class GpuSampler:
     @classmethod
     def open(cls, interval_s: float, indices: Sequence[int] | None = None,
              out_path: str | Path | None = None) -> GpuSampler | str:
-        """NVML started on the chosen GPUs (default: all), or why not (said in one line)."""
+        """NVML started on the chosen GPUs (default: all), or why not (said in one line).
+
+        Without the optional extra and without --gpu-indices nobody asked for energy: the
+        reason goes to the summary's note only, not to stderr on every run of every user."""
         try:
             import pynvml  # the optional extra: agentx-bench[gpu]
         except ImportError:
-            return say_once(f"pynvml is not importable: {INSTALL}")
+            reason = f"pynvml is not importable: {INSTALL}"
+            return reason if indices is None else say_once(reason)
         try:
             pynvml.nvmlInit()
             count = pynvml.nvmlDeviceGetCount()

@@ -301,6 +301,8 @@ class RunConfig(PercentilesOption):  # --percentiles: declared once, shared with
 
 
 def default_output_dir(cfg: RunConfig) -> Path:
-    load = {"poisson": f"r{cfg.session_rate:g}", "trace": "arrivals"}.get(cfg.arrival_mode(),
-                                                                      f"c{cfg.conc}")
+    """results/<time>-<trace>-<load>: c<N> lanes, r<R> sessions/s, or `arrivals` (trace times)."""
+    mode = cfg.arrival_mode()
+    load = (f"r{cfg.session_rate:g}" if mode == "poisson" else "arrivals" if mode == "trace"
+            else f"c{cfg.conc}")
     return default_dir(trace_label(cfg.trace), load)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agentx.config import RunConfig
+from agentx.config import RunConfig, default_output_dir
 from agentx.plan import poisson_times
 from agentx.run import max_overlap, run
 from agentx.rundir import read_jsonl
@@ -186,3 +186,20 @@ def test_refusals_are_one_line(tmp_path, args, says):
     assert p.returncode != 0
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], p.stderr
+
+
+def test_default_output_dir_names_the_load(cli, tmp_path, monkeypatch):
+    """No -o (the quickstart's path): a lane run writes results/<time>-<trace>-c<N>, an open-loop
+    run r<R> or `arrivals`. The lane case once formatted the unset session rate and crashed."""
+    trace = write_trace(tmp_path / "t.json")
+    monkeypatch.chdir(tmp_path)
+    r = cli("run", "--trace", trace, "--conc", "2", "--max-requests", "2", "--warmup", "0",
+            "--max-think", "0", "--no-progress", "--validate", "off", "--sim-profile", "cpu-tiny")
+    assert r.returncode == 0, r.stderr
+    made = [p.name for p in (tmp_path / "results").iterdir()]
+    assert len(made) == 1 and made[0].endswith("-c2"), made
+    assert (tmp_path / "results" / made[0] / "summary.json").is_file()
+    label = made[0].rsplit("-", 1)[0].split("-", 2)[-1]  # the trace's part of the name
+    for extra, load in ((dict(session_rate=0.5), "r0.5"), (dict(arrivals="trace"), "arrivals")):
+        name = default_output_dir(RunConfig(trace=str(trace), **extra)).name
+        assert name.endswith(f"-{label}-{load}"), (extra, name)

@@ -7,13 +7,16 @@ prefix hit and output length) through the served simulator's engine on a virtual
 by replaying the same workload with agentx itself against the embedded simulator."""
 from __future__ import annotations
 
+import io
+
 import orjson
 import pytest
 
 from agentx.config import RunConfig
 from agentx.sim.config import SimConfig
+from agentx.sim.fit import fit
 from agentx.sim.profile import load_profile
-from agentx.sim.replay import figures, fit_h200, h200_runs, measured, replay_figures
+from agentx.sim.replay import figures, h200_runs, measured, replay_figures
 from agentx.targets.embedded import EmbeddedSim
 from conftest import H200_RUNS
 
@@ -38,10 +41,10 @@ def test_profile_reproduces_real_run(name):
 
 
 def test_profile_constants_are_the_fit():
-    """The shipped constants are what `python -m agentx.sim.replay` fits from the runs."""
-    fit = fit_h200(H200_RUNS)
+    """The shipped constants are what `python -m agentx.sim.fit` fits from the runs."""
+    fitted = fit(H200_RUNS.parent, out=io.StringIO())
     cal = load_profile("h200-qwen3-8b-bf16").calibration
-    for k, v in fit.items():
+    for k, v in fitted.items():
         assert getattr(cal, k) == pytest.approx(v, rel=0.03), (k, v)
 
 

@@ -16,11 +16,11 @@ import uuid
 import orjson
 from aiohttp import web
 
-from ..aio import sleep_until
 from . import protocol as P
 from .build import build_engine
 from .config import SimConfig
 from .faults import MESSAGES, STATUS_KINDS, FaultPlan
+from .frontend import ServedFrontEnd
 from .parse import BadRequest, RequestParser
 from .respond import JSON, ResponseWriter
 from .rxstamp import ReceiveStamps
@@ -44,6 +44,7 @@ class SimServer:
         rng = random.Random(cfg.seed)
         self.parse = RequestParser(cfg, self.res.block_size, self.max_model_len, rng, self.rx)
         self.respond = ResponseWriter(cfg, rng, self.truth)
+        self.front = ServedFrontEnd(self.built.frontend, cfg.time_scale)
 
     def describe(self) -> str:
         return self.built.describe()
@@ -137,13 +138,14 @@ class SimServer:
         return await self._generate(request, chat=False)
 
     async def _front_end(self, reqs: list, since_ns: int) -> None:
-        """Hold the requests for the profile's modelled front-end time (HTTP, template,
-        tokenisation), counted from when their bytes arrived, so our own parsing is part of it."""
+        """Hold the requests in the modelled API server (HTTP, template, tokenisation; a queue
+        shared by all requests, sim/frontend.py) until it has done their work, counted from when
+        their bytes arrived, so our own parsing is part of it."""
         if self.cfg.fixed_ttft_ms is not None:
             return
-        fe = self.built.timing.frontend_seconds(sum(r.prompt_len for r in reqs))
-        if fe > 0:
-            await sleep_until(since_ns / 1e9 + fe / self.cfg.time_scale)
+        work = self.built.frontend.work(sum(r.prompt_len for r in reqs))
+        if work > 0:
+            await self.front.hold(work, max(0.0, (time.perf_counter_ns() - since_ns) / 1e9))
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         arrival_ns, arrival_wall = time.perf_counter_ns(), time.time_ns()

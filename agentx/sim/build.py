@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ..offload import connector
 from .config import SimConfig
 from .engine import SimEngine
+from .frontend import FrontEnd
 from .offload import OffloadTier
 from .profile import Resolved, resolve
 from .specdec import Acceptance, default_rates, rates_from_length
@@ -25,6 +26,7 @@ class BuiltEngine:
     timing: StepTiming
     stats: EngineStats
     engine: SimEngine
+    frontend: FrontEnd  # the API server's shared front end (served requests only)
 
     def describe(self) -> str:
         """One start-up line, like vLLM's KV cache log line."""
@@ -81,7 +83,12 @@ def build_engine(cfg: SimConfig) -> BuiltEngine:
                        offload=offload,
                        fixed_ttft_s=cfg.fixed_ttft_ms / 1e3 if fixed else None,
                        fixed_itl_s=cfg.fixed_itl_ms / 1e3 if fixed else None)
-    return BuiltEngine(cfg, r, max_model_len, timing, stats, engine)
+    return BuiltEngine(cfg, r, max_model_len, timing, stats, engine, frontend(r.profile.calibration))
+
+
+def frontend(cal) -> FrontEnd:
+    """The API server's front end from a profile's calibration section."""
+    return FrontEnd(cal.frontend_ms / 1e3, cal.frontend_us_per_prompt_token / 1e6, cal.frontend_servers)
 
 
 def cache_config_labels(cfg: SimConfig, r: Resolved, max_model_len: int) -> dict[str, str]:

@@ -56,6 +56,7 @@ class SimEngine(Scheduler):
 
     def submit(self, req: SimRequest) -> None:
         req.state = WAITING
+        req.queued_ns = self.now_ns()  # vLLM's queue time counts from here, not from HTTP arrival
         self.waiting.append(req)
         self.stats.num_waiting = len(self.waiting)
         self.wake.set()

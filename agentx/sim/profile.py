@@ -69,6 +69,9 @@ class Calibration(StrictModel):
     # tokenisation), served requests only: fixed + per prompt token
     frontend_ms: float = 0.0
     frontend_us_per_prompt_token: float = 0.0
+    # capacity of that API server, shared by the requests in it (sim/frontend.py); 0 = unlimited
+    # (each request held for its own work, independently)
+    frontend_servers: float = 0.0
 
     def load_gbps(self, kind: str) -> float | None:
         """The tier's load rate into one GPU, GB/s; None for no connector (or none given)."""

@@ -1,76 +1,105 @@
-"""Replay a real run's requests through the engine model on a virtual clock, and fit the
-front-end terms of a profile to what that run measured.
+"""Replay a real run's requests through the simulator on a virtual clock.
 
 Each recorded request (agentx requests.jsonl: `start_ns`, `isl`, `osl`, `cached_tokens`) arrives
-at its recorded send time, is held for the profile's front-end time, and enters the engine
-built by `build.build_engine` (the served simulator's engine) with exactly its recorded prefix
-hit: its first `cached_tokens` are made resident in the KV pool just before it is submitted.
-So the arrival pattern, prompt sizes, hits and output lengths are the real ones and only the
-server's timing is modelled. `fit_frontend` then explains what the engine model does not:
-
-    measured TTFT - modelled engine TTFT = frontend_ms + frontend_us_per_prompt_token x prompt
-
-(least squares over every measured request of the runs, iterated because the front-end delay
-shifts when requests reach the engine). `python -m agentx.sim.replay` prints the fit and the
-replayed figures for the H200 runs in tests/data/h200-runs.
+at its recorded send time at the modelled API server (sim/frontend.py: a queue shared by all
+requests), leaves it when its work is done, and enters the engine built by `build.build_engine`
+(the served simulator's engine). Hits are either exactly the recorded ones (its first
+`cached_tokens` made resident just before it is queued) or, given block identities derived from
+the trace (sim/realruns.py), decided by the simulator's own cache and offload tier. So the arrival
+pattern, prompt sizes and output lengths are the real ones and only the server's timing is
+modelled. `python -m agentx.sim.fit` fits the profile with it; bench/sim_vs_real.py compares
+every real run under tests/data with it.
 """
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
-
-import numpy as np
 
 from ..dist import dist
 from ..rundir import RunDir, read_jsonl
-from .build import build_engine
+from .build import build_engine, frontend
 from .config import SimConfig
 from .request import SimRequest
 from .timing import StepTiming
 
 
-def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None) -> list[dict]:
-    """Modelled timings (ms) of every ok record, in record order: ttft, tpot, e2e, frontend.
+def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
+           keys: dict[str, list[int]] | None = None) -> list[dict]:
+    """Modelled timings of every ok record, in record order (ms): ttft, tpot, e2e, frontend (time
+    in the API server, waiting included), queue (engine core queued -> first scheduled), prefill
+    (first scheduled -> first token), the chunk gaps `itl`, and `cached` prompt tokens.
 
-    `calib` overrides fields of the profile's calibration section (what the fits vary)."""
+    `calib` overrides fields of the profile's calibration section (what the fits vary). Without
+    `keys` each request gets exactly its recorded prefix hit (made resident just before it is
+    queued); with `keys` (request_id -> block hashes, sim/realruns.py) the simulator's own KV
+    cache and offload tier decide the hits."""
     built = build_engine(cfg.model_copy(update={"time_scale": 1.0, "fixed_ttft_ms": None,
                                                 "fixed_itl_ms": None}))
     eng, bs = built.engine, built.res.block_size
-    timing = eng.timing = _timing(built, calib) if calib else built.timing
+    if calib:
+        eng.timing = _timing(built, calib)
+        cal = built.res.profile.calibration.model_copy(update=calib)
+    else:
+        cal = built.res.profile.calibration
+    fe = frontend(cal)
     eng.use_virtual_clock()
     recs = [r for r in records if r.get("ok")]
     t0 = min(r["start_ns"] for r in recs)
     sessions: dict[str, int] = {}
     todo = []
     for i, r in enumerate(recs):
-        sid = sessions.setdefault(r["session_id"], len(sessions))
-        hit_blocks = r["cached_tokens"] // bs
-        # the hit prefix is the session's chain of blocks; the rest is new content
-        hashes = [hash((sid, b)) for b in range(hit_blocks)]
-        hashes += [hash((sid, b, i)) for b in range(hit_blocks, r["isl"] // bs)]
-        arrival = r["start_ns"] - t0
+        if keys is not None:
+            hashes, hit_blocks = keys[r["request_id"]], 0
+        else:
+            sid = sessions.setdefault(r["session_id"], len(sessions))
+            hit_blocks = r["cached_tokens"] // bs
+            # the hit prefix is the session's chain of blocks; the rest is new content
+            hashes = [hash((sid, b)) for b in range(hit_blocks)]
+            hashes += [hash((sid, b, i)) for b in range(hit_blocks, r["isl"] // bs)]
         req = SimRequest(rid=str(i), prompt_len=r["isl"], max_tokens=max(1, r["osl"]),
-                         block_hashes=hashes, arrival_ns=arrival)
-        todo.append((arrival + int(timing.frontend_seconds(r["isl"]) * 1e9), hit_blocks, req))
+                         block_hashes=hashes, arrival_ns=r["start_ns"] - t0)
+        todo.append((req.arrival_ns, hit_blocks, req))
     todo.sort(key=lambda x: x[0])
+    hits = {id(q): h for _, h, q in todo}
+    left_fe: dict[int, int] = {}
+    emits: dict[int, list[int]] = {id(q): [] for _, _, q in todo}
+    active: list[SimRequest] = []
     nxt = 0
     while True:
-        while nxt < len(todo) and todo[nxt][0] <= eng.virtual_ns:
-            _, hit_blocks, req = todo[nxt]
-            _make_resident(eng.pool, req.block_hashes[:hit_blocks])
-            eng.submit(req)
+        now = eng.virtual_ns
+        done = []
+        while nxt < len(todo) and todo[nxt][0] <= now:
+            _, _, req = todo[nxt]
+            done += fe.add(req.arrival_ns / 1e9, req, fe.work(req.prompt_len))
             nxt += 1
-        if not eng.step_offline():
-            if nxt == len(todo):
-                break
-            eng.virtual_ns = max(eng.virtual_ns, todo[nxt][0])
+        done += fe.advance(now / 1e9)
+        for t, req in done:
+            _make_resident(eng.pool, req.block_hashes[:hits[id(req)]])
+            eng.submit(req)
+            req.queued_ns = left_fe[id(req)] = int(t * 1e9)
+            active.append(req)
+        if eng.step_offline():
+            t = eng.virtual_ns
+            for q in active:
+                if len(emits[id(q)]) < len(q.events):
+                    emits[id(q)] += [t] * (len(q.events) - len(emits[id(q)]))
+            active = [q for q in active if q.finish is None]
+            continue
+        later = [x for x in (todo[nxt][0] / 1e9 if nxt < len(todo) else None, fe.next_finish()) if x is not None]
+        if not later:
+            break
+        eng.virtual_ns = max(eng.virtual_ns, int(min(later) * 1e9) + 1)
     out = []
     for _, _, q in sorted(todo, key=lambda x: int(x[2].rid)):
         first, last = q.first_token_ns - q.arrival_ns, q.last_token_ns - q.arrival_ns
+        times = [t for t, ev in zip(emits[id(q)], q.events) if ev[0] > 0]
         out.append({"ttft_ms": first / 1e6, "e2e_ms": last / 1e6,
                     "tpot_ms": (last - first) / 1e6 / (q.num_out - 1) if q.num_out > 1 else None,
-                    "frontend_ms": timing.frontend_seconds(q.prompt_len) * 1e3})
+                    "frontend_ms": (left_fe[id(q)] - q.arrival_ns) / 1e6,
+                    "queue_ms": (q.scheduled_ns - q.queued_ns) / 1e6,
+                    "prefill_ms": (q.first_token_ns - q.scheduled_ns) / 1e6,
+                    "itl": [(b - a) / 1e6 for a, b in zip(times, times[1:])],
+                    "cached": q.cached_device + q.cached_host, "end_ns": q.last_token_ns + t0})
     return out
 
 
@@ -111,26 +140,6 @@ def replay_figures(cfg: SimConfig, records: list[dict], calib: dict | None = Non
     ok = [r for r in records if r.get("ok")]
     rows = replay(cfg, records, calib)
     return figures([m for r, m in zip(ok, rows) if not r.get("warmup")])
-
-
-def fit_frontend(runs: list[tuple[SimConfig, list[dict]]], calib: dict | None = None,
-                 rounds: int = 4) -> dict:
-    """{frontend_ms, frontend_us_per_prompt_token} that best explain the measured TTFT of every
-    run beyond the engine model's own TTFT (one least-squares fit over all runs; `calib`: other
-    calibration overrides to replay with)."""
-    fe = {**(calib or {}), "frontend_ms": 0.0, "frontend_us_per_prompt_token": 0.0}
-    for _ in range(rounds):
-        x, y = [], []
-        for cfg, records in runs:
-            ok = [r for r in records if r.get("ok")]
-            for r, m in zip(ok, replay(cfg, records, fe)):
-                if not r.get("warmup"):
-                    x.append(r["isl"])
-                    y.append(r["ttft_ms"] - (m["ttft_ms"] - m["frontend_ms"]))
-        a = np.c_[np.ones(len(x)), np.asarray(x, float)]
-        (c0, c1), *_ = np.linalg.lstsq(a, np.asarray(y), rcond=None)
-        fe.update(frontend_ms=float(c0), frontend_us_per_prompt_token=float(c1) * 1e3)
-    return {k: fe[k] for k in ("frontend_ms", "frontend_us_per_prompt_token")}
 
 
 def fit_decode(cfg: SimConfig, records: list[dict], anchor: tuple[int, int, float],
@@ -180,27 +189,3 @@ def h200_runs(data: Path) -> list[tuple[str, SimConfig, list[dict], dict]]:
 # the steady decode step the per-sequence overhead is tied to: 8 streams of 2,000 + 128 tokens
 # at TPOT 6.12 ms (docs/references.md §5)
 DECODE_ANCHOR = (8, 2128, 6.12)
-
-
-def fit_h200(data: Path) -> dict:
-    """Fit the calibration terms the H200 runs determine: decode on the base run, then the front
-    end on base and EAGLE3 together (replayed with the fitted decode)."""
-    runs = h200_runs(data)
-    dec = fit_decode(runs[0][1], runs[0][2], DECODE_ANCHOR)
-    return {**dec, **fit_frontend([(c, r) for _, c, r, _ in runs], dec)}
-
-
-def main(data: str = "tests/data/h200-runs") -> None:
-    fit = fit_h200(Path(data))
-    print("fit: " + ", ".join(f"{k} {v:.4g}" for k, v in fit.items()))
-    for name, cfg, recs, _ in h200_runs(Path(data)):
-        real = figures(measured(recs))
-        for label, c in (("profile", None), ("fitted", fit)):
-            sim = replay_figures(cfg, recs, c)
-            print(f"{name:5s} {label:8s} " + "  ".join(
-                f"{k} {sim[k]:.1f} ({100 * (sim[k] / real[k] - 1):+.0f}%)" for k in sim))
-        print(f"{name:5s} {'real':8s} " + "  ".join(f"{k} {v:.1f}" for k, v in real.items()))
-
-
-if __name__ == "__main__":
-    main(*sys.argv[1:])

@@ -24,6 +24,7 @@ class SimRequest:
     arrival_ns: int = 0  # perf_counter_ns at arrival
     received_ns: int = 0  # perf_counter_ns when its first bytes were read off the socket (rxstamp)
     arrival_wall_ns: int = 0  # time_ns at arrival
+    queued_ns: int = 0  # when the engine core queued it (after the front end): vLLM's QUEUED event
 
     # engine state
     state: int = WAITING

@@ -50,9 +50,10 @@ class ResponseWriter:
     def _metrics(self, req: SimRequest) -> dict | None:
         if not self.cfg.per_request_metrics or not req.first_token_ns:
             return None
+        queued = req.queued_ns or req.arrival_ns  # vLLM's queue time: from the engine core's queue
         return P.metrics_obj((req.first_token_ns - req.arrival_ns) / 1e6,
                              (req.last_token_ns - req.first_token_ns) / 1e6,
-                             ((req.scheduled_ns or req.arrival_ns) - req.arrival_ns) / 1e6, req.num_out)
+                             ((req.scheduled_ns or queued) - queued) / 1e6, req.num_out)
 
     def _cached(self, req: SimRequest) -> int | None:
         return req.cached_device + req.cached_host if self.cfg.prompt_tokens_details else None

@@ -206,7 +206,9 @@ class EngineStats:
 
     # ------------------------------------------------------------ engine hooks
     def on_scheduled(self, req: "SimRequest") -> None:
-        self.h_queue.observe((req.scheduled_ns - req.arrival_ns) / 1e9)
+        # vLLM v1 (vllm/v1/metrics/stats.py `update_from_finished_request`): queued_time =
+        # scheduled_ts - queued_ts, both engine-core events; the API server's time is not in it
+        self.h_queue.observe((req.scheduled_ns - (req.queued_ns or req.arrival_ns)) / 1e9)
 
     def on_prefix_lookup(self, prompt: int, dev: int, host: int, connector: bool, keys_queried: int = 0) -> None:
         self.c_pc_queries.inc(prompt)

@@ -1,0 +1,122 @@
+"""vLLM's API server in front of the engine, modelled as one shared resource.
+
+Before the engine core sees a request, vLLM's API-server process parses it, renders the chat
+template and tokenises the whole conversation; that work runs on one Python process (its event
+loop plus a tokenizer thread, sharing the interpreter lock). Requests in it therefore share its
+CPU: modelled as a processor-sharing queue with `servers` units of capacity. Each request needs
+`fixed_s + per_token_s x prompt tokens` of work; with n requests inside, each progresses at
+min(1, servers / n) of real time. So waiting grows with load and bursts, and a short request sent
+after a long cold one leaves first: the engine receives requests in the order the front end
+finishes them, not the order they arrived. `servers = 0` means unlimited capacity (every request
+held exactly its own work, independently: the model before 2026-12-02).
+
+`FrontEnd` is pure bookkeeping on a caller's clock (seconds); the served simulator drives it from
+its event loop (`ServedFrontEnd`), the replay (sim/replay.py) from its virtual clock.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False, slots=True)
+class _Job:
+    item: object
+    left: float  # seconds of work still to do at full rate
+
+
+@dataclass
+class FrontEnd:
+    fixed_s: float
+    per_token_s: float
+    servers: float = 0.0  # capacity shared by the requests inside (0 = unlimited)
+    now: float = 0.0
+    jobs: list[_Job] = field(default_factory=list)
+
+    def work(self, prompt_tokens: int) -> float:
+        """Seconds of front-end work one request of this prompt size needs."""
+        return self.fixed_s + self.per_token_s * prompt_tokens
+
+    def _rate(self) -> float:
+        n = len(self.jobs)
+        return 1.0 if not self.servers or n <= self.servers else self.servers / n
+
+    def add(self, now: float, item: object, work: float) -> list[tuple[float, object]]:
+        """`item` enters at `now` needing `work` seconds; returns what left up to `now` (as
+        `advance`), which the caller must hand on."""
+        out = self.advance(now)
+        self.jobs.append(_Job(item, max(0.0, work)))
+        return out
+
+    def next_finish(self) -> float | None:
+        """When the next request leaves, if none arrives before."""
+        if not self.jobs:
+            return None
+        return self.now + min(j.left for j in self.jobs) / self._rate()
+
+    def advance(self, now: float) -> list[tuple[float, object]]:
+        """Run the shared processor up to `now`; (time, item) of those that left, in order."""
+        out: list = []
+        while self.jobs:
+            rate = self._rate()
+            first = min(j.left for j in self.jobs)
+            t_done = self.now + first / rate
+            if t_done > now:
+                break
+            for j in self.jobs:
+                j.left -= first
+            self.now = t_done
+            done = [j for j in self.jobs if j.left <= 1e-12]
+            self.jobs = [j for j in self.jobs if j.left > 1e-12]
+            out.extend((t_done, j.item) for j in done)
+        if now > self.now:
+            step = (now - self.now) * self._rate()
+            for j in self.jobs:
+                j.left -= step
+            self.now = now
+        return out
+
+
+class ServedFrontEnd:
+    """`FrontEnd` on the event loop's clock: `await hold(work)` returns when the request leaves.
+
+    Work is in modelled seconds and divided by `time_scale`; one timer is armed for the next
+    departure and re-armed on every arrival (an arrival slows everybody down)."""
+
+    def __init__(self, fe: FrontEnd, time_scale: float) -> None:
+        self.fe = fe
+        self.scale = time_scale
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def hold(self, work: float, already: float = 0.0) -> None:
+        """Wait until this request's `work` (modelled seconds) is done; `already`: real seconds
+        it has been in the server (its own parsing), credited at full rate."""
+        if not self.fe.servers:  # unlimited: an independent hold
+            left = work / self.scale - already
+            if left > 0:
+                await asyncio.sleep(left)
+            return
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._release(self.fe.add(loop.time(), fut, work / self.scale - already))
+        self._arm(loop)
+        await fut
+
+    @staticmethod
+    def _release(done: list) -> None:
+        for _, fut in done:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        t = self.fe.next_finish()
+        if t is not None:
+            self._timer = loop.call_at(t, self._fire, loop)
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        self._release(self.fe.advance(max(loop.time(), self.fe.next_finish() or 0.0)))
+        self._arm(loop)

@@ -1,0 +1,84 @@
+"""The real H200 runs shipped under tests/data, with the simulator config each was served with.
+
+Each entry names a run's records and summary and the vLLM server flags its README states (speculative
+decoding, forced pool size, offload connector); the pool size itself is the one the run's summary
+recorded. `keys()` re-derives every request's KV block identities from the trace (as
+agentx.metrics.tiers does for the client's cache model), so a replay can let the simulator's own
+prefix cache decide hits where the pool is far smaller than the working set.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from ..prompt.synth import Conversation, SynthConfig
+from ..prompt.token_model import builtin_model
+from ..rundir import read_jsonl
+from ..trace.model import Turn
+from .config import SimConfig
+
+PROFILE = "h200-qwen3-8b-bf16"
+
+
+@dataclass
+class RealRun:
+    name: str
+    requests: Path
+    summary: Path
+    server: dict  # SimConfig fields of the server flags (beyond the pool size)
+    small_pool: bool  # pool far below the working set: hits come from the simulated cache
+
+    def load(self) -> tuple[SimConfig, list[dict], dict]:
+        recs = read_jsonl(self.requests, strict=True)[0]
+        summ = orjson.loads(self.summary.read_bytes())
+        cfg = SimConfig(profile=PROFILE, kv_pool_tokens=summ["cache"]["kv_pool_tokens"], **self.server)
+        return cfg, recs, summ
+
+
+_OFFLOAD = {"kv_offload": "simple-cpu", "offload_gb": 64.424509440, "offload_store": "lazy"}
+
+
+def runs(data: Path) -> list[RealRun]:
+    """Every run under data/h200-runs and data/h200-runs-2 (READMEs there give the flags)."""
+    a, b = data / "h200-runs", data / "h200-runs-2"
+    out = [RealRun("base", a / "base/requests.jsonl", a / "base/summary.json", {}, False),
+           RealRun("spec", a / "spec/requests.jsonl", a / "spec/summary.json",
+                   {"spec_k": 3, "synthetic_al": 2.78}, False),
+           RealRun("offA", a / "offA/requests.jsonl", a / "offA/summary.json", {}, True),
+           RealRun("offB", a / "offB/requests.jsonl", a / "offB/summary.json", _OFFLOAD, True),
+           RealRun("spec32", b / "spec32-requests.jsonl", b / "spec32-summary.json",
+                   {"spec_k": 3, "synthetic_al": 2.5}, False),
+           RealRun("offb", b / "offb-requests.jsonl", b / "offb-summary.json", _OFFLOAD, True)]
+    return [r for r in out if r.requests.exists()]
+
+
+def keys(records: list[dict], summary: dict, block_size: int, traces) -> dict[str, list[int]]:
+    """request_id -> chained hashes of the request's full `block_size`-token blocks, derived from
+    its trace turn (session instances namespaced as the client did), so equal prefixes share
+    blocks exactly as the run's prompts did."""
+    cfg = summary["config"]
+    by_id = {t.id: t for t in traces.traces}
+    turns = {tid: [s for s in t.steps if isinstance(s, Turn)] for tid, t in by_id.items()}
+    trace_bs = traces.block_size * cfg["context_scale"]
+    tm = builtin_model()
+    convs: dict[str, Conversation] = {}
+    out: dict[str, list[int]] = {}
+    for r in sorted((r for r in records if r.get("start_ns")), key=lambda r: r["start_ns"]):
+        sid = r["session_id"]
+        if sid not in convs:
+            salt, instance = sid.split("-", 1)
+            sc = SynthConfig(run_ns=salt, shared_prefix=cfg.get("shared_prefix", "none"),
+                             context_scale=cfg["context_scale"])
+            convs[sid] = Conversation(by_id[r["trace_id"]], instance.split("/", 1)[0], sc, tm)
+        ks = convs[sid].block_keys(turns[r["trace_id"]][r["turn"]].hash_ids)
+        chain, h = [], 0
+        for k in ks:
+            h = hash((h, k))
+            chain.append(h)
+        n = r["isl"] // block_size
+        out[r["request_id"]] = [hash((chain[min(len(chain) - 1, math.ceil((j + 1) * block_size / trace_bs) - 1)], j))
+                                for j in range(n)] if chain else []
+    return out

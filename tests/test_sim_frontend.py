@@ -1,0 +1,110 @@
+"""The API-server front end as a shared queue (sim/frontend.py) and vLLM's server-side timing
+definitions (queue time from the engine core's queue, not from HTTP arrival)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agentx import vllm_names as vn
+from agentx.sim.build import build_engine
+from agentx.sim.config import SimConfig
+from agentx.sim.frontend import FrontEnd, ServedFrontEnd
+from agentx.sim.request import SimRequest
+
+
+def _mean_stay(n: int, servers: float) -> float:
+    """Mean seconds in the front end of n requests of 10k tokens arriving together."""
+    fe = FrontEnd(0.01, 1e-6, servers)
+    done = [x for i in range(n) for x in fe.add(0.0, i, fe.work(10_000))] + fe.advance(100.0)
+    assert sorted(item for _, item in done) == list(range(n))
+    return sum(t for t, _ in done) / n
+
+
+def test_waiting_grows_with_load():
+    one = _mean_stay(1, 2)
+    assert one == pytest.approx(0.02)  # alone: exactly its own work
+    assert _mean_stay(2, 2) == pytest.approx(one)  # within capacity: no waiting
+    eight, thirty_two = _mean_stay(8, 2), _mean_stay(32, 2)
+    assert one < eight < thirty_two
+    assert thirty_two > 10 * one  # 32 requests share 2 servers: each waits for most of the others
+    assert _mean_stay(32, 0) == pytest.approx(one)  # unlimited capacity (servers 0): independent holds
+
+
+def test_finish_order_not_arrival_order():
+    """A cold 127k-token prompt sent first leaves after 11 short ones sent after it."""
+    fe = FrontEnd(0.0114, 1.26e-6, 1)
+    order = [item for _, item in fe.add(0.0, "long", fe.work(127_000))]
+    for i in range(11):
+        order += [item for _, item in fe.add(0.005 * (i + 1), f"short{i}", fe.work(2_000))]
+    order += [item for _, item in fe.advance(10.0)]
+    assert order[-1] == "long"
+    assert order[:11] == [f"short{i}" for i in range(11)]
+
+
+def test_served_front_end_releases_in_finish_order():
+    """The event-loop front end the HTTP server awaits: same order, on real (scaled) time."""
+    async def go() -> list[str]:
+        sfe = ServedFrontEnd(FrontEnd(0.01, 1e-6, 1), time_scale=10.0)
+        out: list[str] = []
+
+        async def one(name: str, tokens: int, delay: float) -> None:
+            await asyncio.sleep(delay)
+            await sfe.hold(sfe.fe.work(tokens))
+            out.append(name)
+
+        await asyncio.gather(one("long", 100_000, 0.0), one("a", 1_000, 0.001), one("b", 1_000, 0.002))
+        return out
+
+    assert asyncio.run(go()) == ["a", "b", "long"]
+
+
+def _hist_sum(text: str, name: str) -> float:
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name + "_sum":
+                return s.value
+    raise AssertionError(name)
+
+
+def test_queue_time_counts_from_engine_arrival():
+    """vLLM v1: queued_time = scheduled_ts - queued_ts (engine-core events), TTFT and e2e from the
+    request's arrival. A request that spent 50 ms in the front end and was scheduled at once has
+    queue time 0 and TTFT > 50 ms."""
+    built = build_engine(SimConfig(profile="h200-qwen3-8b-bf16"))
+    eng = built.engine
+    eng.use_virtual_clock()
+    eng.virtual_ns = 50_000_000  # it leaves the front end 50 ms after it arrived
+    req = SimRequest(rid="0", prompt_len=2_000, max_tokens=4, block_hashes=list(range(125)), arrival_ns=0)
+    eng.submit(req)
+    while eng.step_offline():
+        pass
+    assert req.queued_ns == 50_000_000 and req.scheduled_ns == 50_000_000
+    text = built.stats.render().decode()
+    assert _hist_sum(text, vn.QUEUE_TIME) == 0.0
+    prefill = _hist_sum(text, vn.PREFILL_TIME)
+    assert prefill == (req.first_token_ns - req.scheduled_ns) / 1e9 > 0
+    assert _hist_sum(text, vn.TTFT) == req.first_token_ns / 1e9 > 0.05
+    assert _hist_sum(text, vn.E2E) == req.last_token_ns / 1e9
+
+
+def test_served_concurrent_requests_all_leave_the_front_end():
+    """Over HTTP: 12 requests at once through a 4-server front end all complete (a departure
+    at an arrival's instant must be released too)."""
+    import json
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agentx.sim.embedded import start_in_thread
+
+    with start_in_thread(SimConfig(profile="h200-qwen3-8b-bf16", time_scale=4)) as sim:
+        def go(i: int) -> int:
+            body = json.dumps({"prompt": "hello " * (2000 + 500 * i), "max_tokens": 4}).encode()
+            req = urllib.request.Request(sim.base_url + "/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status
+
+        with ThreadPoolExecutor(12) as ex:
+            assert list(ex.map(go, range(12))) == [200] * 12

@@ -12,7 +12,7 @@ prefix hit rate, and the simulator's server-side queue / prefill / front-end mea
 definitions; the real runs did not record vLLM's histograms), then the engine alone (front end
 removed) for TTFT.
 
-Run: .venv/bin/python bench/sim_vs_real.py [--runs base,spec32] [--profile PATH]
+Run: .venv/bin/python bench/sim_vs_real.py [--runs base,spec32] [--profile PATH] [--set FIELD=VALUE]
 """
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ def real_figures(recs: list[dict], summ: dict) -> dict:
     return {"ttft": dist([r["ttft_ms"] for r in m]), "e2e": dist([r["e2e_ms"] for r in m]),
             "tpot": dist([r["tpot_ms"] for r in m if r["tpot_ms"]]), "itl": dist(gaps),
             "tok_s": summ["throughput"]["total_tok_s"],
-            "hit": sum(r["cached_tokens"] or 0 for r in m) / sum(r["isl"] for r in m)}
+            "hit": sum(r["cached_tokens"] or 0 for r in m) / sum(r["isl"] for r in m),
+            "preemptions": (summ.get("server_metrics") or {}).get("preemptions")}
 
 
 def window_end_ns(recs: list[dict], summ: dict) -> int:
@@ -59,7 +60,8 @@ def sim_figures(recs: list[dict], summ: dict, rows: list[dict]) -> dict:
             "hit": sum(s["cached"] for s in sim) / sum(r["isl"] for r, _ in pairs),
             "queue": statistics.fmean(s["queue_ms"] for s in sim),
             "prefill": statistics.fmean(s["prefill_ms"] for s in sim),
-            "frontend": statistics.fmean(s["frontend_ms"] for s in sim)}
+            "frontend": statistics.fmean(s["frontend_ms"] for s in sim),
+            "preemptions": sum(s["preemptions"] for s in rows)}
 
 
 def err(sim: float, real: float) -> float:
@@ -86,6 +88,9 @@ def report(name: str, lanes: int, real: dict, sim: dict, bare: dict, out=sys.std
           f"{'ok' if abs(e) <= 0.05 else 'OUT'} (±5%) |", file=out)
     print(f"| hit rate | {real['hit']:.1%} | {sim['hit']:.1%} | {100 * (sim['hit'] - real['hit']):+.1f} pt | |",
           file=out)
+    rp = real["preemptions"]
+    print(f"| preemptions (whole run) | {'n/a' if rp is None else f'{rp:,.0f}'} | {sim['preemptions']:,} | | |",
+          file=out)
     for label, k in (("server queue mean", "queue"), ("server prefill mean", "prefill"),
                      ("front end mean", "frontend")):
         print(f"| {label} (ms) | n/a | {sim[k]:,.2f} | | |", file=out)
@@ -99,6 +104,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", default="", help="comma-separated run names (default: all)")
     ap.add_argument("--profile", default=None, help="profile name or YAML path to replay with")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a SimConfig field for every run (YAML value), e.g. reserve_full_isl=false")
     args = ap.parse_args()
     want = set(filter(None, args.runs.split(",")))
     traces = None
@@ -109,6 +116,11 @@ def main() -> None:
         cfg, recs, summ = run.load()
         if args.profile:
             cfg = cfg.model_copy(update={"profile": args.profile})
+        if args.set:
+            import yaml
+
+            cfg = cfg.model_validate({**cfg.model_dump(), **{k: yaml.safe_load(v) for k, v in
+                                                             (x.split("=", 1) for x in args.set)}})
         ks = None
         if run.small_pool:
             if traces is None:

@@ -10,7 +10,7 @@ from .config import SimConfig
 from .engine import SimEngine
 from .frontend import FrontEnd
 from .offload import OffloadTier
-from .profile import Resolved, resolve
+from .profile import Resolved, prefill_cap, resolve
 from .specdec import Acceptance, default_rates, rates_from_length
 from .stats import EngineStats
 from .timing import StepTiming
@@ -82,7 +82,8 @@ def build_engine(cfg: SimConfig) -> BuiltEngine:
                        timing=timing, stats=stats, time_scale=cfg.time_scale, spec=acceptance(cfg),
                        offload=offload,
                        fixed_ttft_s=cfg.fixed_ttft_ms / 1e3 if fixed else None,
-                       fixed_itl_s=cfg.fixed_itl_ms / 1e3 if fixed else None)
+                       fixed_itl_s=cfg.fixed_itl_ms / 1e3 if fixed else None,
+                       prefill_cap=prefill_cap(r, max_model_len), full_isl=r.reserve_full_isl)
     return BuiltEngine(cfg, r, max_model_len, timing, stats, engine, frontend(r.profile.calibration))
 
 

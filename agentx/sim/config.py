@@ -56,6 +56,15 @@ class SimConfig(StrictModel):
     max_num_seqs: int | None = opt(None, "scheduler limit (default: profile)", group=HW, ge=1)
     max_num_batched_tokens: int | None = opt(None, "scheduler limit (default: profile)",
                                              group=HW, ge=1)
+    long_prefill_token_threshold: int | None = opt(
+        None, "most prompt tokens one request prefills per step, 0 = no cap (vLLM's "
+        "--long-prefill-token-threshold; default: profile)", group=HW, ge=0)
+    max_num_partial_prefills: int | None = opt(
+        None, "vLLM's --max-num-partial-prefills: above 1 an unset threshold becomes 4 percent of "
+        "max_model_len (default: profile)", group=HW, ge=1)
+    reserve_full_isl: bool | None = opt(
+        None, "admit a request only when its whole sequence fits the KV pool (vLLM's "
+        "scheduler_reserve_full_isl; False: when its first chunk fits; default: profile)", cli=False)
 
     # --- speculative decoding ---
     spec_k: int = opt(0, "speculative tokens per step (0 = off)", group=SPEC, ge=0, le=16)

@@ -37,10 +37,12 @@ class SimEngine(Scheduler):
     def __init__(self, *, num_blocks: int, block_size: int, max_num_seqs: int, max_batched_tokens: int,
                  timing: StepTiming, stats: EngineStats, time_scale: float = 1.0,
                  spec: Acceptance | None = None, offload: OffloadTier | None = None,
-                 fixed_ttft_s: float | None = None, fixed_itl_s: float | None = None) -> None:
+                 fixed_ttft_s: float | None = None, fixed_itl_s: float | None = None,
+                 prefill_cap: int = 0, full_isl: bool = True) -> None:
         super().__init__(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                          max_batched_tokens=max_batched_tokens, timing=timing, stats=stats,
-                         time_scale=time_scale, k=spec.k if spec is not None else 0, offload=offload)
+                         time_scale=time_scale, k=spec.k if spec is not None else 0, offload=offload,
+                         prefill_cap=prefill_cap, full_isl=full_isl)
         self.spec = spec
         self.fixed_ttft = fixed_ttft_s
         self.fixed_itl = fixed_itl_s

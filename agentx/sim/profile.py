@@ -84,6 +84,9 @@ class EngineDefaults(StrictModel):
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
+    long_prefill_token_threshold: int = 0  # vLLM default: no per-request cap on a prefill chunk
+    max_num_partial_prefills: int = 1
+    reserve_full_isl: bool = True  # vLLM 0.32's scheduler_reserve_full_isl default
     offload_gb: float = 64.0  # default CPU tier size per engine when offload is on
 
 
@@ -110,6 +113,9 @@ class Resolved:
     gpu_memory_utilization: float
     max_num_seqs: int
     max_num_batched_tokens: int
+    long_prefill_token_threshold: int  # as configured (0 = none); see prefill_cap()
+    max_num_partial_prefills: int
+    reserve_full_isl: bool
     kv_bytes_per_token_rank: float  # per GPU (KV heads split over TP, replicated below 1/rank)
     kv_pool_tokens: int
     num_gpu_blocks: int
@@ -149,6 +155,19 @@ def kv_bytes_per_token_rank(m: Model, tp: int) -> float:
     return 2 * m.layers * heads_rank * m.head_dim * m.kv_bytes
 
 
+def _pick(override, default):
+    return default if override is None else override
+
+
+def prefill_cap(r: Resolved, max_model_len: int) -> int:
+    """Most prompt tokens one request may prefill in a step (0 = only the step budget), as vLLM's
+    SchedulerConfig derives it: with max_num_partial_prefills > 1 an unset
+    long_prefill_token_threshold becomes 4% of max_model_len (vllm/config/scheduler.py)."""
+    if r.max_num_partial_prefills > 1 and not r.long_prefill_token_threshold:
+        return int(max_model_len * 0.04)
+    return r.long_prefill_token_threshold
+
+
 def resolve(cfg: SimConfig, prof: Profile | None = None) -> Resolved:
     prof = prof or load_profile(cfg.profile)
     e, hw, m, cal = prof.engine, prof.hardware, prof.model, prof.calibration
@@ -175,5 +194,9 @@ def resolve(cfg: SimConfig, prof: Profile | None = None) -> Resolved:
     return Resolved(profile=prof, tp=tp, block_size=bs, gpu_memory_utilization=util,
                     max_num_seqs=cfg.max_num_seqs or e.max_num_seqs,
                     max_num_batched_tokens=cfg.max_num_batched_tokens or e.max_num_batched_tokens,
+                    long_prefill_token_threshold=_pick(cfg.long_prefill_token_threshold,
+                                                       e.long_prefill_token_threshold),
+                    max_num_partial_prefills=cfg.max_num_partial_prefills or e.max_num_partial_prefills,
+                    reserve_full_isl=_pick(cfg.reserve_full_isl, e.reserve_full_isl),
                     kv_bytes_per_token_rank=kvb, kv_pool_tokens=blocks * bs, num_gpu_blocks=blocks,
                     kv_pool_bytes_rank=blocks * bs * kvb, offload_blocks=off_blocks, offload_bytes=off_bytes)

@@ -99,7 +99,8 @@ def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
                     "queue_ms": (q.scheduled_ns - q.queued_ns) / 1e6,
                     "prefill_ms": (q.first_token_ns - q.scheduled_ns) / 1e6,
                     "itl": [(b - a) / 1e6 for a, b in zip(times, times[1:])],
-                    "cached": q.cached_device + q.cached_host, "end_ns": q.last_token_ns + t0})
+                    "cached": q.cached_device + q.cached_host, "end_ns": q.last_token_ns + t0,
+                    "preemptions": q.preemptions})
     return out
 
 

@@ -12,7 +12,14 @@ sim/engine.py runs the steps.
   admission, so newer requests never take the blocks it needs.
 - Admission needs blocks for the request's whole sequence free, not just the first chunk
   (`scheduler_reserve_full_isl`, default True: vllm/config/scheduler.py; `allocate_slots(...,
-  full_sequence_must_fit=True)` in vllm/v1/core/kv_cache_manager.py).
+  full_sequence_must_fit=True)` in vllm/v1/core/kv_cache_manager.py). `full_isl=False` is the
+  older rule (blocks for the hits plus this step's chunk; the rest grows step by step and
+  preempts when the pool runs out).
+- A prefill chunk is the rest of the prompt within the step budget, capped per request by
+  `long_prefill_token_threshold` when set (vLLM v1 caps running and waiting requests alike;
+  `max_num_partial_prefills` > 1 sets an unset threshold to 4% of max_model_len and is not
+  otherwise consumed by the v1 scheduler). With the default (no cap) a long cold prefill takes
+  every step's whole budget while it runs, and requests behind it wait.
 - A request with host hits is admitted as an asynchronous load only if its loaded blocks fit in
   the free pool minus what in-flight prefills (loading, loaded, or part-way through their prompt)
   still need to finish, plus one speculative step's blocks (`_inflight_prefill_reserved_blocks`,
@@ -35,8 +42,10 @@ from .timing import Batch, StepTiming
 class Scheduler:
     def __init__(self, *, num_blocks: int, block_size: int, max_num_seqs: int, max_batched_tokens: int,
                  timing: StepTiming, stats: EngineStats, time_scale: float, k: int,
-                 offload: OffloadTier | None) -> None:
+                 offload: OffloadTier | None, prefill_cap: int = 0, full_isl: bool = True) -> None:
         self.offload = offload
+        self.prefill_cap = prefill_cap  # long_prefill_token_threshold as resolved (0 = none)
+        self.full_isl = full_isl  # scheduler_reserve_full_isl
         self.pool = BlockPool(num_blocks, block_size,
                               on_evict=offload.on_gpu_evict if offload is not None else None)
         self.bs = block_size
@@ -71,7 +80,7 @@ class Scheduler:
                 break
             need = req.target_len - req.num_computed
             decode = need == 1 and req.num_out > 0
-            n = 1 + k if decode else min(need, budget)
+            n = 1 + k if decode else self._chunk(need, budget)
             # KV slots needed once this step has run (drafts included)
             while not self._grow(req, req.num_computed + n):
                 victim = running.pop()
@@ -106,16 +115,16 @@ class Scheduler:
                 self._retire(req, None)
                 continue
             if queue is self.waiting:
-                if not self._lookup(req, now):
+                if not self._lookup(req, now, budget):
                     break
                 if req.state == LOADING:
                     queue.popleft()
                     self.loading.append(req)
                     continue
-            elif self._missing(req) > self.pool.num_free:
+            elif self._short(req, budget) > self.pool.num_free:
                 break  # it keeps its blocks and its place; running requests will free some
-            n = min(req.target_len - req.num_computed, budget)
-            if not self._grow(req, req.num_computed + n):  # the whole sequence fits: cannot happen
+            n = self._chunk(req.target_len - req.num_computed, budget)
+            if not self._grow(req, req.num_computed + n):  # checked by _lookup: cannot happen
                 break
             queue.popleft()
             if not req.scheduled_ns:
@@ -125,6 +134,21 @@ class Scheduler:
             running.append(req)
             budget -= n
             batch.add_prefill(req, req.num_computed, n)
+
+    def _chunk(self, need: int, budget: int) -> int:
+        """Prompt tokens a prefilling request computes this step: what is left, within the step
+        budget and the per-request cap (vLLM: `0 < long_prefill_token_threshold < num_new_tokens`
+        caps it, for running and waiting requests alike)."""
+        cap = self.prefill_cap
+        return min(need, budget, cap) if cap else min(need, budget)
+
+    def _short(self, req: SimRequest, budget: int) -> int:
+        """Blocks `req` must get before it can run this step: its whole sequence with
+        `full_isl`, else only this step's chunk."""
+        if self.full_isl:
+            return self._missing(req)
+        upto = req.num_computed + self._chunk(req.target_len - req.num_computed, budget)
+        return max(0, -(-upto // self.bs) - len(req.blocks))
 
     def _missing(self, req: SimRequest, extra: int = 0) -> int:
         """Blocks `req` lacks to hold its whole sequence so far (+ `extra` tokens)."""
@@ -138,11 +162,12 @@ class Scheduler:
         need = sum(self._missing(r, extra) for q in (self.loading, self.holding, prefilling) for r in q)
         return need + (-(-self.k // self.bs))
 
-    def _lookup(self, req: SimRequest, now: float) -> bool:
+    def _lookup(self, req: SimRequest, now: float, budget: int) -> bool:
         """Prefix-cache lookup on admission: take the GPU hits; for host hits start a load.
 
         False (nothing taken but the tier pin, which vLLM keeps until the request's next lookup)
-        when the whole sequence, or a load's blocks past the reservation, do not fit now."""
+        when the whole sequence (with `full_isl`; else the hits plus this step's chunk), or a
+        load's blocks past the reservation, do not fit now."""
         pool, bs, offload = self.pool, self.bs, self.offload
         hashes = req.block_hashes
         limit = (req.target_len - 1) // bs
@@ -155,7 +180,12 @@ class Scheduler:
             offload.pin(req.tier_pin)
         blocks = pool.touch(hashes[:dev])  # reference hits before allocating can evict them
         req.blocks = blocks
-        if self._missing(req) > pool.num_free or (host and host > pool.num_free - self._reserved()):
+        if self.full_isl:
+            short = self._missing(req)
+        else:  # older vLLM: blocks for what this step computes (hits + loads + first chunk)
+            upto = (dev + host) * bs + self._chunk(req.target_len - (dev + host) * bs, budget)
+            short = max(0, -(-upto // bs) - len(blocks))
+        if short > pool.num_free or (host and host > pool.num_free - self._reserved()):
             pool.release(blocks)
             req.blocks = []
             return False

@@ -11,8 +11,9 @@ Sparse attention (MiniMax-M3's MSA): each query reads at most `attn_window` toke
 block selector that scans `index_bytes_per_token` for every context token.
 Speculative decoding: the verify pass is the target step over (1 + K) tokens per sequence;
 the draft head then runs K sequential passes, each reading its weights and the batch's draft KV.
-Served requests first wait the front-end time (HTTP, chat template, tokenisation before the
-engine sees them): frontend_ms + frontend_us_per_prompt_token x prompt tokens.
+Served requests first pass the API-server front end (HTTP, chat template, tokenisation before
+the engine sees them), a queue shared by all requests (sim/frontend.py); each needs
+frontend_ms + frontend_us_per_prompt_token x prompt tokens of its work.
 Every constant and its source is documented in docs/simulator.md.
 """
 from __future__ import annotations

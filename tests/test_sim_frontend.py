@@ -128,3 +128,18 @@ def test_long_cold_prompt_does_not_hold_back_later_short_ones():
     assert max(first[1:]) < first[0]
     # and the queue time of each (engine core -> scheduled) excludes its time in the front end
     assert all(r["frontend_ms"] > 0 and r["queue_ms"] < r["ttft_ms"] for r in rows)
+
+
+def test_timing_series_carry_vllms_names():
+    """The series whose definitions the simulator follows are the ones vLLM v1 registers
+    (vllm/v1/metrics/loggers.py, PrometheusStatLogger) and a real vLLM 0.32 scrape shows."""
+    from pathlib import Path
+
+    want = {vn.QUEUE_TIME: "vllm:request_queue_time_seconds", vn.PREFILL_TIME: "vllm:request_prefill_time_seconds",
+            vn.DECODE_TIME: "vllm:request_decode_time_seconds",
+            vn.INFERENCE_TIME: "vllm:request_inference_time_seconds", vn.E2E: "vllm:e2e_request_latency_seconds",
+            vn.TTFT: "vllm:time_to_first_token_seconds"}
+    assert all(ours == theirs for ours, theirs in want.items())
+    sample = (Path(__file__).parent / "data" / "vllm-samples" / "metrics_after.txt").read_text()
+    names = {f.name for f in text_string_to_metric_families(sample)}
+    assert set(want) <= names

@@ -14,7 +14,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/ helpers: vllm_env, helpers
 
-pytest_plugins = ["vllm_env.fixtures"]  # real-vLLM fixtures (tests/vllm_env)
+pytest_plugins = ["vllm_env.fixtures",  # real-vLLM fixtures (tests/vllm_env)
+                  "parallel"]  # `pytest -n auto`: `alone` tests, the vllm group (tests/parallel.py)
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"  # sources and licences: tests/data/NOTICE

@@ -226,6 +226,7 @@ def test_offload_on_beats_off_and_both_sides_validate(tmp_path, trace):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_identical_configurations_are_no_difference(tmp_path, trace):
     """Two identical servers side by side (--parallel: both sides meet the same machine load),
     three runs a side, four seeds: TTFT p50 is called no different. The servers are not

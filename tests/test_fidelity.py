@@ -42,6 +42,7 @@ def _run(tmp_path: Path, base: str, name: str, **kw) -> tuple[dict, list]:
     return summary, F.agentx_requests(tmp_path / name / "requests.jsonl")
 
 
+@pytest.mark.alone  # timing: tests/parallel.py
 def test_reported_timings_match_the_servers_truth(tmp_path, truth_server):
     summary, client = _run(tmp_path, truth_server.base_url, "out")
     truth_server.stop()  # flushes the truth log
@@ -72,6 +73,7 @@ def test_reported_timings_match_the_servers_truth(tmp_path, truth_server):
     assert 0 < cl["cpu_util"] <= 1.5 and cl["runqueue_wait_ms_per_s"] >= 0
 
 
+@pytest.mark.alone  # timing: tests/parallel.py
 def test_overloaded_client_is_flagged_client_bound(tmp_path, truth_server):
     stop = threading.Event()
 

@@ -167,6 +167,7 @@ def test_goodput_of_a_run_where_half_the_requests_meet_the_slo(tmp_path):
     assert on_disk["goodput"]["good_requests"] == good
 
 
+@pytest.mark.alone  # timing: tests/parallel.py
 def test_pareto_of_three_runs(tmp_path, capsys):
     trace = write_trace(tmp_path / "tr", think=0.05, out=30)
     dirs = []

@@ -48,6 +48,8 @@ def test_profile_constants_are_the_fit():
         assert getattr(cal, k) == pytest.approx(v, rel=0.03), (k, v)
 
 
+@pytest.mark.slow
+@pytest.mark.alone  # timing: tests/parallel.py
 def test_served_replay_of_base_run(tmp_path):
     """agentx replays the base run's workload (its recorded config, time-scaled) against the
     embedded simulator: the same requests, the same prefix hits, and the served timings (the

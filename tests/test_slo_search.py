@@ -41,6 +41,8 @@ def _json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+@pytest.mark.slow
+@pytest.mark.alone  # timing: tests/parallel.py
 def test_search_brackets_the_saturation_on_one_server(tmp_path, recipe):
     out = tmp_path / "search"
     proc = _sweep(recipe, *FAST, "--search", "ttft:200,goodput:0.9", "--search-max-cells", 6,

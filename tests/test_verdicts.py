@@ -42,6 +42,7 @@ def test_labels_parse_and_refuse_bad_keys():
             RunConfig(labels=bad)
 
 
+@pytest.mark.alone  # timing: tests/parallel.py
 def test_thin_run_is_insufficient_names_its_target_and_keeps_its_config(tmp_path, capsys):
     """8 requests: verdict insufficient, exit 3 under --validate strict (0 under warn); the
     console names the simulator profile and labels, flags p99 from few values and gives one
@@ -125,6 +126,7 @@ def test_server_hit_rate_counts_the_offload_tier_on_a_real_h200_run():
     assert abs(total - achieved) < 0.15, (total, achieved)
 
 
+@pytest.mark.alone  # timing: tests/parallel.py
 def test_server_timeseries_shades_the_window(tmp_path):
     """The warm-up, window and drain spans land on the scrape axis through the records'
     wall-clock / monotonic pairs; the plot is written with a throughput panel."""

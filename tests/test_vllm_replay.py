@@ -141,6 +141,7 @@ async def _ours_ttft(base_url: str, body: dict, i: int) -> tuple[float, float]:
     return rec.ttft_ms, rec.server_ttft_ms
 
 
+@pytest.mark.alone  # timing: tests/parallel.py
 async def test_client_ttft_agrees_with_server_ttft(vllm_server, server_template_run):
     """Client TTFT minus vLLM's per-request time_to_first_token_ms. That gap holds the HTTP
     round trip and the server's front end (parsing, chat template, tokenization, IPC to the

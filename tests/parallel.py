@@ -1,0 +1,132 @@
+"""The suite on several workers (`pytest -n auto`, pytest-xdist) without disturbing timing.
+
+Most tests wait on the clock (simulated runs in real time, server start-ups, process kills), so
+the suite runs on one worker more than the machine has cores. Three rules keep that honest:
+
+- tests marked `alone` measure timing that only an idle machine keeps (the client's own
+  delay, TTFT agreement with the server, a statistical A/B of two identical sides): each runs
+  with no other test beside it. Every test holds a shared lock while it runs (set-up, call,
+  tear-down), an `alone` test an exclusive one. The lock prefers the exclusive side: once an
+  `alone` test asks, no new test starts, so it waits only for the tests already running;
+- the `vllm` tests (files tests/test_vllm_*.py) are one unit of work: one worker runs them in
+  server order (one server alive at a time, each kind started once: tests/vllm_env/fixtures.py)
+  while the others run the rest. Being the largest unit, the scheduler hands it out first;
+- a `vllm` test waits for the vLLM venv (built in the background by .ci/run) before it takes
+  the shared lock, so an `alone` test never waits on a pip install.
+
+Without `-n` nothing here does anything: the suite runs in order in one process.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+VLLM_GROUP = "vllm"
+VLLM_FILES = "test_vllm_"
+
+
+class SharedOrAlone:
+    """A readers-writer lock across processes, writer-preferring, from two flock(2) files.
+
+    A reader passes the gate (shared, for an instant) and then holds the room shared; a
+    writer holds the gate exclusively while it waits for the room and runs, so readers queue
+    at the gate behind it.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self._gate = os.open(directory / "gate.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        self._room = os.open(directory / "room.lock", os.O_RDWR | os.O_CREAT, 0o644)
+
+    @contextmanager
+    def hold(self, alone: bool) -> Iterator[None]:
+        if alone:
+            fcntl.flock(self._gate, fcntl.LOCK_EX)
+            fcntl.flock(self._room, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(self._gate, fcntl.LOCK_SH)
+            fcntl.flock(self._room, fcntl.LOCK_SH)
+            fcntl.flock(self._gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._room, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(self._gate, fcntl.LOCK_UN)
+
+
+_LOCK: list[SharedOrAlone] = []
+_VENV_WAITED: list[bool] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On an xdist worker: open the session's lock (one directory per test run)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        run = workerinput.get("testrunuid", "local")
+        _LOCK.append(SharedOrAlone(Path(tempfile.gettempdir()) / f"agentx-pytest-{run}"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one worker more than cores (the suite mostly waits on the clock)."""
+    return (os.cpu_count() or 1) + 1
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every `vllm` test lives in a tests/test_vllm_*.py file (the scheduler groups them by
+    name); on workers, the `alone` tests come first (at the start only the vllm worker, which
+    waits for its venv, has a test to finish before they can run), then the `slow` ones, so
+    that no long test starts near the end."""
+    for item in items:
+        if item.get_closest_marker("vllm") is not None and not _is_vllm_file(item.nodeid):
+            raise pytest.UsageError(f"{item.nodeid}: a `vllm` test must live in a "
+                                    f"{VLLM_FILES}*.py file (tests/parallel.py groups them)")
+    if getattr(config, "workerinput", None) is not None:
+        items.sort(key=lambda item: (item.get_closest_marker("alone") is None,  # stable
+                                     item.get_closest_marker("slow") is None))
+
+
+def _is_vllm_file(nodeid: str) -> bool:
+    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1].startswith(VLLM_FILES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Load scheduling in which the `vllm` tests are one unit of work (one worker, in the
+    server order of tests/vllm_env/fixtures.py), handed out first as the largest. (xdist's own
+    `--dist loadgroup` marks did not group anything with pytest 9.2 / xdist 3.8 here.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class VllmGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return VLLM_GROUP if _is_vllm_file(nodeid) else nodeid
+
+    return VllmGroupScheduling(config, log)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    if not _LOCK:
+        return (yield)
+    if item.get_closest_marker("vllm") is not None and not _VENV_WAITED:
+        _VENV_WAITED.append(True)
+        _wait_for_vllm_venv()
+    with _LOCK[0].hold(alone=item.get_closest_marker("alone") is not None):
+        return (yield)
+
+
+def _wait_for_vllm_venv() -> None:
+    """Block until the vLLM venv exists (or fails to build: the fixture reports that)."""
+    from vllm_env.venv import VenvBuildError, ensure_vllm_venv
+
+    try:
+        ensure_vllm_venv()
+    except VenvBuildError:
+        pass

@@ -178,6 +178,7 @@ async def test_client_ttft_agrees_with_server_ttft(vllm_server, server_template_
     assert np.median(gl) <= 150.0
 
 
+@pytest.mark.alone  # timing: a loaded CPU makes vLLM's front end merge steps' chunks
 @pytest.mark.parametrize("vllm_spec_server", ["ngram", "eagle3"], indirect=True)
 def test_acceptance_length_scraper_vs_client_chunks(vllm_spec_server, tmp_path):
     server, kind = vllm_spec_server, vllm_spec_server.speculative_config["method"]

@@ -21,20 +21,27 @@ LINE = re.compile(r"^\[\s*([\d.]+)s\] (\S+) \| left (\S+) s.*\| in flight (\d+) 
                   r"(\S+) req/s, \S+ output tok/s \| errors (\d+)")
 
 
-def test_plain_progress_shows_phases_time_left_and_errors(tmp_path):
+def _progress(tmp_path: Path, *args: str) -> tuple[list[tuple[str, ...]], str, list[str]]:
+    """Run `agentx run` on a pipe (a separate process: progress is printed for a pipe) against
+    cpu-tiny at 20x; return its progress lines' fields, its stderr and its records' lines."""
     p = subprocess.run(
-        [sys.executable, "-m", "agentx", "run", "--trace", "swe", "--conc", "2", "--duration",
-         "8", "--ramp-up", "2", "--warmup", "4", "--max-think", "0", "--sim-profile",
-         "cpu-tiny", "--sim-time-scale", "20", "--sim-fail-rate", "0.2", "--sim-fail-kinds",
-         "429,500", "--sim-seed", "3", "--validate", "warn", "--scrape-interval", "1",
-         "--output-dir", str(tmp_path / "run")],
-        cwd=REPO, capture_output=True, text=True, timeout=120)
+        [sys.executable, "-m", "agentx", "run", "--trace", "swe", *args, "--max-think", "0",
+         "--sim-profile", "cpu-tiny", "--sim-time-scale", "20", "--validate", "warn",
+         "--scrape-interval", "1", "--output-dir", str(tmp_path / "run")],
+        cwd=REPO, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr[-2000:]
     lines = [m.groups() for m in map(LINE.match, p.stderr.splitlines()) if m]
+    return lines, p.stderr, (tmp_path / "run" / "requests.jsonl").read_text().splitlines()
+
+
+def test_plain_progress_shows_phases_time_left_and_errors(tmp_path):
+    lines, stderr, records = _progress(
+        tmp_path, "--conc", "2", "--duration", "8", "--ramp-up", "2", "--warmup", "4",
+        "--sim-fail-rate", "0.2", "--sim-fail-kinds", "429,500", "--sim-seed", "3")
     phases = [g[1] for g in lines]
     seen = list(dict.fromkeys(phases))
     assert seen == ["ramp-up", "warm-up", "measuring", "draining", "done"] \
-        or seen == ["ramp-up", "warm-up", "measuring", "done"], p.stderr  # a drain < 0.5 s
+        or seen == ["ramp-up", "warm-up", "measuring", "done"], stderr  # a drain < 0.5 s
     assert [PHASES.index(x) for x in phases] == sorted(PHASES.index(x) for x in phases)
     left = [float(g[2]) for g in lines]
     assert left == sorted(left, reverse=True) and left[0] >= 6 and left[-1] == 0, left
@@ -43,7 +50,6 @@ def test_plain_progress_shows_phases_time_left_and_errors(tmp_path):
     errors, done = int(lines[-1][6]), int(lines[-1][4])
     assert errors > 0 and done > errors and float(lines[-1][5]) > 0
     assert int(lines[-1][3]) == 0  # done: nothing in flight
-    records = (tmp_path / "run" / "requests.jsonl").read_text().splitlines()
     assert done == len(records)  # every request the run recorded was counted live
     failed = [r for r in map(json.loads, records) if not r["ok"] and r["error"] != "cancelled"]
     assert errors == len(failed)  # the run's own cancellations are no errors
@@ -52,18 +58,11 @@ def test_plain_progress_shows_phases_time_left_and_errors(tmp_path):
 def test_worker_processes_report_one_run(tmp_path):
     """--workers 2: the parent's line adds up the processes' counters, phases in order, and
     the last line holds every worker's final counts (each sends them as it ends)."""
-    p = subprocess.run(
-        [sys.executable, "-m", "agentx", "run", "--trace", "swe", "--conc", "4", "--workers",
-         "2", "--duration", "5", "--warmup", "2", "--max-think", "0", "--sim-profile",
-         "cpu-tiny", "--sim-time-scale", "20", "--validate", "warn", "--scrape-interval", "1",
-         "--output-dir", str(tmp_path / "run")],
-        cwd=REPO, capture_output=True, text=True, timeout=180)
-    assert p.returncode == 0, p.stderr[-2000:]
-    lines = [m.groups() for m in map(LINE.match, p.stderr.splitlines()) if m]
+    lines, stderr, records = _progress(tmp_path, "--conc", "4", "--workers", "2",
+                                       "--duration", "5", "--warmup", "2")
     phases = [g[1] for g in lines]
-    assert phases[-1] == "done" and "measuring" in phases, p.stderr
+    assert phases[-1] == "done" and "measuring" in phases, stderr
     assert [PHASES.index(x) for x in phases] == sorted(PHASES.index(x) for x in phases)
-    records = (tmp_path / "run" / "requests.jsonl").read_text().splitlines()
     assert int(lines[-1][4]) == len(records) and int(lines[-1][3]) == 0
 
 

@@ -58,8 +58,10 @@ def test_wheel_ships_the_builtin_trace(installed):
 
 def test_wheel_runs_against_the_embedded_simulator(installed):
     bin_dir, work = installed
+    # the installed wheel runs and records; its verdict (thin 5 s run, shared CPU) is not the subject
     _sh(bin_dir / "agentx", "run", "--trace", "swe", "--conc", "4", "--duration", "5",
-        "--max-think", "0.2", "--sim-time-scale", "20", "--no-progress", "-o", "out", cwd=work)
+        "--max-think", "0.2", "--sim-time-scale", "20", "--no-progress", "--validate", "warn",
+        "-o", "out", cwd=work)
     summary = json.loads((work / "out" / "summary.json").read_text())
     assert summary["completed"] > 0 and summary["failed"] == 0, summary
     assert (work / "out" / "requests.jsonl").stat().st_size > 0

@@ -4,7 +4,7 @@ Most tests wait on the clock (simulated runs in real time, server start-ups, pro
 the suite runs on one worker more than the machine has cores. Three rules keep that honest:
 
 - tests marked `alone` measure timing that only an idle machine keeps (the client's own
-  delay, TTFT agreement with the server, a statistical A/B of two identical sides): each runs
+  delay, TTFT agreement with the server, an SLO search against a TTFT bound): each runs
   with no other test beside it. Every test holds a shared lock while it runs (set-up, call,
   tear-down), an `alone` test an exclusive one. The lock prefers the exclusive side: once an
   `alone` test asks, no new test starts, so it waits only for the tests already running;
@@ -81,15 +81,16 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every `vllm` test lives in a tests/test_vllm_*.py file (the scheduler groups them by
-    name); on workers, the `alone` tests come first (at the start only the vllm worker, which
-    waits for its venv, has a test to finish before they can run), then the `slow` ones, so
-    that no long test starts near the end."""
+    name); on workers, the `slow` tests come first, so that no long test starts near the end,
+    and the `alone` ones last, when the vllm worker (whose tests hold the lock for up to a
+    minute each, a server start included) is done: first, they waited on it and held up
+    everyone else for 5 minutes."""
     for item in items:
         if item.get_closest_marker("vllm") is not None and not _is_vllm_file(item.nodeid):
             raise pytest.UsageError(f"{item.nodeid}: a `vllm` test must live in a "
                                     f"{VLLM_FILES}*.py file (tests/parallel.py groups them)")
     if getattr(config, "workerinput", None) is not None:
-        items.sort(key=lambda item: (item.get_closest_marker("alone") is None,  # stable
+        items.sort(key=lambda item: (item.get_closest_marker("alone") is not None,  # stable
                                      item.get_closest_marker("slow") is None))
 
 

@@ -99,6 +99,7 @@ def test_think_time_scaled_and_capped(tmp_path):
         assert statistics.median(gaps) <= expect + 0.03, (scale, cap, gaps)
 
 
+@pytest.mark.alone  # timing: the median dispatch lag
 def test_a_lane_goes_on_with_its_next_session_at_once(tmp_path):
     """The next session is opened while the current one's last turn runs: its first request
     is due when the last response ends, and goes then (the history build is not in it)."""

@@ -265,6 +265,7 @@ def _hostile(kind: str) -> bytes:
     return b'{"messages":[' + b'{"role":"u"},' * (n // 13) + b'{"role":"u"}]}'  # 1.3 M objects
 
 
+@pytest.mark.alone  # timing: another client's worst latency (1,065 ms once beside 2 busy workers)
 @pytest.mark.parametrize("kind", ["text", "objects"])
 async def test_other_clients_are_served_while_a_huge_request_arrives(sim_proc, kind):
     """Before: the loop parsed and tokenized a huge body itself, 1-4 s here (52 MB: 5-8 s),

@@ -55,24 +55,32 @@ def watch_parent(parent_pid: int, on_orphan: Callable[[], None], interval: float
 
 @contextlib.contextmanager
 def children_ignore_sigint() -> Iterator[None]:
-    """Processes started inside ignore SIGINT from their first instruction on: an ignored
-    signal stays ignored across exec, and Python then installs no KeyboardInterrupt handler
-    (a terminal's Ctrl-C reaches the whole process group; the parent handles it and stops its
-    children itself). Only the start itself runs with this process's SIGINT ignored: keep the
-    block to the spawn calls. Off the main thread (where signals cannot be set) a no-op."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """Processes started inside begin with SIGINT blocked: a signal mask survives fork and
+    exec, so a terminal's Ctrl-C (it reaches the whole process group; the parent handles it
+    and stops its children itself) cannot kill a child while it imports. A child that handles
+    SIGINT itself calls ignore_sigint() first, then installs its handler; one that never does
+    keeps it blocked, which is ignoring it. This process keeps its own handler: a Ctrl-C
+    meanwhile waits until the block ends (or goes to another of its threads), never lost, as
+    it was when the parent ignored SIGINT while it spawned. Only the calling thread's mask
+    changes, which is the one its children inherit. (multiprocessing's resource tracker starts
+    its process the same way.)"""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old if old is not None else signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def ignore_sigint() -> None:
+    """In a child started by children_ignore_sigint(): ignore SIGINT and unblock it, which
+    drops a Ctrl-C that came while the child started (the parent has it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def spawn_python(code: str) -> subprocess.Popen:
     """`python -c code` with pipes on stdin (its settings in, then its lifeline) and stdout
-    (its answers), ignoring SIGINT from its first instruction on (children_ignore_sigint)."""
+    (its answers), SIGINT blocked from its first instruction on (children_ignore_sigint)."""
     with children_ignore_sigint():
         return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE)

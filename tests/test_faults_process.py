@@ -282,7 +282,6 @@ def test_overwrite_removes_only_the_runs_own_files(tmp_path):
 
 # --- Ctrl-C during start-up -----------------------------------------------------------------
 
-@pytest.mark.alone  # timing: which start-up phase the signal hits depends on the machine's load
 @pytest.mark.parametrize("at, workers", [(0.3, 1), (1.0, 1), (1.8, 1), (2.0, 2)])
 def test_ctrl_c_during_start_up(tmp_path, at, workers):
     """Before: a KeyboardInterrupt traceback (up to three: agentx, the embedded simulator and

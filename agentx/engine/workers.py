@@ -32,7 +32,13 @@ import time
 from dataclasses import asdict, fields
 
 from .. import aio
-from ..lifeline import children_ignore_sigint, parent_alive, set_parent_death_signal, watch_parent
+from ..lifeline import (
+    children_ignore_sigint,
+    ignore_sigint,
+    parent_alive,
+    set_parent_death_signal,
+    watch_parent,
+)
 from .drive import DriveResult, DriveSpec, drive
 from .lanes import WARMUP_LIMIT, Engine, LiveStats
 
@@ -119,6 +125,7 @@ def _worker_entry(spec: DriveSpec, stop_evt, force_evt, q, parent_pid: int,
     result. Stops come from this process's own signals (a terminal's Ctrl-C reaches the
     whole process group), from the parent's events and from the parent's death, all through
     Engine.request_stop."""
+    ignore_sigint()  # started with it blocked; the engine handles it once it runs
     set_parent_death_signal(signal.SIGTERM)  # SIGTERM kills it until the engine handles it
     orphan = threading.Event()
     beating = threading.Event()

@@ -181,3 +181,56 @@ def test_tier_hits_equal_the_client_model(seed, eager):
     got = _engine_hits(prompts, 24, 40, eager)
     assert got == want
     assert sum(h for _, h in got) > 0
+
+
+def _walk_run(walk: int, link_gbps: float | None = None) -> tuple[SimEngine, list[tuple[int, int, list[float], int]]]:
+    """A 20-block pool: a request leaves 8 cached blocks in the free queue, then a 14-block prompt
+    (chunked 4 blocks a step) and a short decode arrive. The full-sequence admission check lets
+    the long prompt in; with SimpleCPUOffload's lazy walk (`walk` blocks a step) the walk then
+    takes the freed cached blocks out of the free queue for their copy to the tier. Returns the
+    engine and, per step: (start ns, end ns, completion times (s) of the stores pending at its
+    start, preemptions so far). `link_gbps` replaces the host link's copy rate."""
+    b = build_engine(SimConfig(profile="cpu-tiny", kv_pool_tokens=20 * BS, block_size=BS))
+    if link_gbps:
+        b.timing.link_bw = link_gbps * 1e9
+    eng = SimEngine(num_blocks=20, block_size=BS, max_num_seqs=4, max_batched_tokens=4 * BS, timing=b.timing,
+                    stats=b.stats, offload=OffloadTier(100, BS, eager=False), walk_target=walk)
+    eng.use_virtual_clock()
+    first = SimRequest(rid="b", prompt_len=8 * BS, max_tokens=1, block_hashes=list(range(1, 9)))
+    eng.submit(first)
+    while first.finish is None:
+        assert eng.step_offline()
+    reqs = [SimRequest(rid="c", prompt_len=2 * BS, max_tokens=40, block_hashes=[50, 51]),
+            SimRequest(rid="a", prompt_len=14 * BS, max_tokens=2, block_hashes=list(range(101, 115)))]
+    for r in reqs:
+        eng.submit(r)
+    steps = []
+    while any(r.finish is None for r in reqs):
+        t0, pending = eng.virtual_ns, [s[0] for s in eng._stores]
+        assert eng.step_offline()
+        steps.append((t0, eng.virtual_ns, pending, eng.stats.num_preemptions))
+    return eng, steps
+
+
+def test_lazy_walk_pins_blocks_and_preempts_with_a_flush():
+    """vllm/v1/simple_kv_offload/manager.py `_prepare_lazy_store_specs`: blocks in flight to the
+    CPU are held (`touch`) until the store completes, so a prefill admitted when its whole
+    sequence fitted runs out of blocks and is preempted; the preemption makes the worker wait
+    for the copies in flight before the step (`handle_preemptions`). Stored on eviction instead
+    (no walk), the same requests run without a preemption."""
+    eng0, _ = _walk_run(0)
+    assert eng0.stats.num_preemptions == 0
+    eng, steps = _walk_run(8)
+    assert eng.stats.num_preemptions >= 1
+    assert all(h in eng.offload.blocks for h in range(1, 9))  # stored by the walk, none evicted
+    # copies slower than a step: the preempting step (the short decode runs) waits for them
+    eng, steps = _walk_run(8, link_gbps=0.001)
+    i = next(i for i, s in enumerate(steps) if s[3] > 0)
+    t0, t1, pending, _ = steps[i]
+    assert t1 > t0 and pending and max(pending) > t0 / 1e9
+    assert t1 / 1e9 >= max(pending)
+    assert t1 - t0 > 2 * (steps[i - 1][1] - steps[i - 1][0])
+    for _ in range(3):  # every copy ends and is polled: no block stays held
+        eng.virtual_ns += 10**10
+        eng.step_offline()
+    assert eng.pool.num_free == eng.pool.num_blocks

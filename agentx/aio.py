@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import signal
 import sys
 import time
@@ -35,9 +36,16 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    """`asyncio.run(coro)` on a uvloop loop when installed."""
-    uv = _uvloop()
-    return uv.run(coro) if uv is not None else asyncio.run(coro)
+    """`asyncio.run(coro)` on a uvloop loop when installed. A Ctrl-C before the loop starts
+    the coroutine (while uvloop imports or the loop is made) closes it unstarted: else Python
+    prints "coroutine ... was never awaited" under agentx's one-line "interrupted"."""
+    try:
+        uv = _uvloop()
+        return uv.run(coro) if uv is not None else asyncio.run(coro)
+    except BaseException:
+        if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+            coro.close()
+        raise
 
 
 def install_stop_signals(loop: asyncio.AbstractEventLoop, request_stop: Callable[[bool], None],

@@ -1,12 +1,16 @@
-"""A terminal's Ctrl-C while agentx starts its children: the children do not die of it and
-the parent does not lose it (agentx.lifeline.children_ignore_sigint), with real processes."""
+"""A terminal's Ctrl-C while agentx starts: its children do not die of it and the parent does
+not lose it (agentx.lifeline.children_ignore_sigint, with real processes), and one before the
+event loop runs leaves nothing behind (agentx.aio.run)."""
 from __future__ import annotations
 
+import inspect
 import signal
 import subprocess
 import sys
 import threading
 import time
+
+import pytest
 
 from agentx.lifeline import children_ignore_sigint
 
@@ -66,3 +70,21 @@ def test_a_child_that_never_unblocks_ignores_ctrl_c():
     finally:
         p.kill()
     assert (p.returncode, out) == (0, "done\n")
+
+
+def test_a_ctrl_c_before_the_loop_runs_leaves_no_unawaited_coroutine(monkeypatch):
+    """Seen in the suite: a Ctrl-C while `aio.run` imported uvloop printed Python's "coroutine
+    'run_async' was never awaited" warning under agentx's one-line "interrupted"."""
+    from agentx import aio
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    async def never() -> None:
+        raise AssertionError("the loop did not start")
+
+    monkeypatch.setattr(aio, "_uvloop", interrupted)
+    coro = never()
+    with pytest.raises(KeyboardInterrupt):
+        aio.run(coro)
+    assert inspect.getcoroutinestate(coro) == inspect.CORO_CLOSED

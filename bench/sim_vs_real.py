@@ -13,24 +13,30 @@ prefix hit rate, and the simulator's server-side queue / prefill / front-end mea
 definitions; the real runs did not record vLLM's histograms), then the engine alone (front end
 removed) for TTFT.
 
+With `--replays N` each run is replayed N times, replay 0 at the recorded send times and the
+others with every send time moved by a seeded uniform +-J ms (`--jitter-ms`, realruns.jittered):
+printed per figure are the median over the replays, its error, and the range of the error; the
+bounds are judged on the median, and each run's line says how many replays were within them.
+
 Run: .venv/bin/python bench/sim_vs_real.py [--runs base,spec32] [--profile PATH] [--set FIELD=VALUE]
+     [--replays N [--jitter-ms J]]
 """
 from __future__ import annotations
 
 import argparse
+import io
 import statistics
 import sys
-from pathlib import Path
 
 from agentx.dist import dist
-from agentx.sim.realruns import keys, runs
+from agentx.sim.realruns import DATA, jittered, keys, runs
 from agentx.sim.replay import measured, replay
 
-DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 ROWS = [("TTFT p50", "ttft", "p50"), ("TTFT p90", "ttft", "p90"), ("TTFT p99", "ttft", "p99"),
         ("TPOT p50", "tpot", "p50"), ("TPOT p90", "tpot", "p90"), ("E2E p50", "e2e", "p50"),
         ("E2E p90", "e2e", "p90"), ("ITL p50", "itl", "p50")]
 BOUNDS = {"p50": 0.15, "p90": 0.25}  # issue 21's acceptance (p99 and ITL: shown, not bounded)
+NO_FRONT_END = {"frontend_ms": 0.0, "frontend_us_per_prompt_token": 0.0}
 
 
 def real_figures(recs: list[dict], summ: dict) -> dict:
@@ -62,15 +68,33 @@ def sim_figures(recs: list[dict], summ: dict, rows: list[dict]) -> dict:
             "preemptions": sum(s["preemptions"] for s in rows)}
 
 
+def median(figs: list[dict]) -> dict:
+    """Every figure's median over replays (each quantile of a distribution on its own)."""
+    return {k: {q: statistics.median(f[k][q] for f in figs) for q in v} if isinstance(v, dict)
+            else statistics.median(f[k] for f in figs) for k, v in figs[0].items()}
+
+
 def err(sim: float, real: float) -> float:
     return sim / real - 1 if real else float("nan")
 
 
-def report(name: str, lanes: int, real: dict, sim: dict, bare: dict, out=sys.stdout) -> list[bool]:
-    """Print one run's table; the acceptance checks it passed/failed (for 8-32 lanes)."""
-    print(f"\n### {name} ({lanes} lanes)\n", file=out)
-    print("| figure | real | simulated | error | bound |", file=out)
-    print("|---|---:|---:|---:|---|", file=out)
+def report(name: str, lanes: int, real: dict, sim: dict, bare: dict, out=sys.stdout,
+           replays: list[dict] = ()) -> list[bool]:
+    """Print one run's table; the acceptance checks it passed/failed (for 8-32 lanes). With
+    `replays` (each replay's figures; `sim` and `bare` their medians) a column gives the range
+    of each timing figure's and the throughput's error over them."""
+    n = len(replays)
+
+    def spread(k: str, q: str | None = None) -> str:
+        """'| lo..hi% ': the range of the figure's error over the replays ('' without them)."""
+        if not n:
+            return ""
+        es = [err(r[k][q], real[k][q]) if q else err(r[k], real[k]) for r in replays]
+        return f"| {100 * min(es):+.1f}..{100 * max(es):+.1f}% "
+
+    print(f"\n### {name} ({lanes} lanes{f', median of {n} replays' if n else ''})\n", file=out)
+    print(f"| figure | real | simulated | error | {'error range | ' if n else ''}bound |", file=out)
+    print(f"|---|---:|---:|---:|{'---:|' if n else ''}---|", file=out)
     verdicts = []
     for label, k, q in ROWS:
         e = err(sim[k][q], real[k][q])
@@ -78,23 +102,24 @@ def report(name: str, lanes: int, real: dict, sim: dict, bare: dict, out=sys.std
         ok = bound is None or abs(e) <= bound
         if bound is not None:
             verdicts.append(ok)
-        print(f"| {label} (ms) | {real[k][q]:,.2f} | {sim[k][q]:,.2f} | {100 * e:+.1f}% | "
+        print(f"| {label} (ms) | {real[k][q]:,.2f} | {sim[k][q]:,.2f} | {100 * e:+.1f}% {spread(k, q)}| "
               f"{'' if bound is None else ('ok' if ok else 'OUT') + f' (±{bound:.0%})'} |", file=out)
     e = err(sim["tok_s"], real["tok_s"])
     verdicts.append(abs(e) <= 0.05)
-    print(f"| throughput (tok/s) | {real['tok_s']:,.0f} | {sim['tok_s']:,.0f} | {100 * e:+.1f}% | "
+    print(f"| throughput (tok/s) | {real['tok_s']:,.0f} | {sim['tok_s']:,.0f} | {100 * e:+.1f}% {spread('tok_s')}| "
           f"{'ok' if abs(e) <= 0.05 else 'OUT'} (±5%) |", file=out)
-    print(f"| hit rate | {real['hit']:.1%} | {sim['hit']:.1%} | {100 * (sim['hit'] - real['hit']):+.1f} pt | |",
-          file=out)
+    blank = "| " if n else ""
+    print(f"| hit rate | {real['hit']:.1%} | {sim['hit']:.1%} | {100 * (sim['hit'] - real['hit']):+.1f} pt | "
+          f"{blank}|", file=out)
     rp = real["preemptions"]
-    print(f"| preemptions (whole run) | {'n/a' if rp is None else f'{rp:,.0f}'} | {sim['preemptions']:,} | | |",
-          file=out)
+    print(f"| preemptions (whole run) | {'n/a' if rp is None else f'{rp:,.0f}'} | {sim['preemptions']:,g} | | "
+          f"{blank}|", file=out)
     for label, k in (("server queue mean", "queue"), ("server prefill mean", "prefill"),
                      ("front end mean", "frontend")):
-        print(f"| {label} (ms) | n/a | {sim[k]:,.2f} | | |", file=out)
+        print(f"| {label} (ms) | n/a | {sim[k]:,.2f} | | {blank}|", file=out)
     for q in ("p50", "p90"):
         print(f"| engine alone: TTFT {q} (ms) | {real['ttft'][q]:,.2f} | {bare['ttft'][q]:,.2f} | "
-              f"{100 * err(bare['ttft'][q], real['ttft'][q]):+.1f}% | |", file=out)
+              f"{100 * err(bare['ttft'][q], real['ttft'][q]):+.1f}% | {blank}|", file=out)
     return verdicts
 
 
@@ -104,7 +129,13 @@ def main() -> None:
     ap.add_argument("--profile", default=None, help="profile name or YAML path to replay with")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a SimConfig field for every run (YAML value), e.g. reserve_full_isl=false")
+    ap.add_argument("--replays", type=int, default=1,
+                    help="replays per run: the first at the recorded send times, the others jittered")
+    ap.add_argument("--jitter-ms", type=float, default=2.0,
+                    help="with --replays > 1: each send time moved by a seeded uniform +-J ms (default 2)")
     args = ap.parse_args()
+    if args.replays < 1:
+        ap.error("--replays takes a whole number >= 1")
     want = set(filter(None, args.runs.split(",")))
     traces = None
     summary_rows = []
@@ -127,15 +158,24 @@ def main() -> None:
                 traces = load_traces(summ["config"]["trace"])
             ks = keys(recs, summ, 16, traces)
         real = real_figures(recs, summ)
-        sim = sim_figures(recs, summ, replay(cfg, recs, keys=ks))
-        bare = sim_figures(recs, summ, replay(cfg, recs, {"frontend_ms": 0.0, "frontend_us_per_prompt_token": 0.0},
-                                              keys=ks))
+        sims, bares = [], []
+        for i in range(args.replays):
+            sent = jittered(recs, args.jitter_ms, i)
+            sims.append(sim_figures(recs, summ, replay(cfg, sent, keys=ks)))
+            bares.append(sim_figures(recs, summ, replay(cfg, sent, NO_FRONT_END, keys=ks)))
         lanes = summ["config"]["conc"]
-        v = report(run.name, lanes, real, sim, bare)
-        summary_rows.append((run.name, lanes, sum(v), len(v)))
-    print("\n| run | lanes | checks within bounds |\n|---|---:|---|")
-    for name, lanes, ok, n in summary_rows:
-        print(f"| {name} | {lanes} | {ok}/{n} |")
+        if args.replays == 1:
+            v = report(run.name, lanes, real, sims[0], bares[0])
+            summary_rows.append((run.name, lanes, f"{sum(v)}/{len(v)}"))
+            continue
+        v = report(run.name, lanes, real, median(sims), median(bares), replays=sims)
+        # each replay judged on its own (its table not printed)
+        ok = sum(all(report(run.name, lanes, real, s, b, out=io.StringIO())) for s, b in zip(sims, bares))
+        summary_rows.append((run.name, lanes, f"{sum(v)}/{len(v)} | {ok}/{args.replays}"))
+    print("\n| run | lanes | checks within bounds |\n|---|---:|---|" if args.replays == 1 else
+          "\n| run | lanes | checks within bounds (median) | replays within bounds |\n|---|---:|---|---|")
+    for name, lanes, checks in summary_rows:
+        print(f"| {name} | {lanes} | {checks} |")
 
 
 if __name__ == "__main__":

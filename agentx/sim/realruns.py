@@ -4,11 +4,13 @@ Each entry names a run's records and summary and the vLLM server flags its READM
 decoding, forced pool size, offload connector); the pool size itself is the one the run's summary
 recorded. `keys()` re-derives every request's KV block identities from the trace (as
 agentx.metrics.tiers does for the client's cache model), so a replay can let the simulator's own
-prefix cache decide hits where the pool is far smaller than the working set.
+prefix cache decide hits where the pool is far smaller than the working set. `jittered()` gives
+the send times of one replay of an ensemble (bench/sim_vs_real.py --replays).
 """
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +23,9 @@ from ..trace.model import Turn
 from .config import SimConfig
 
 PROFILE = "h200-qwen3-8b-bf16"
+# the runs ship with the repository, not the package: found from this file in a checkout (or an
+# editable install of one), whatever the working directory
+DATA = Path(__file__).resolve().parents[2] / "tests" / "data"
 
 
 @dataclass
@@ -53,6 +58,22 @@ def runs(data: Path) -> list[RealRun]:
                    {"spec_k": 3, "synthetic_al": 2.5}, False),
            RealRun("offb", b / "offb-requests.jsonl", b / "offb-summary.json", _OFFLOAD, True)]
     return [r for r in out if r.requests.exists()]
+
+
+def jittered(records: list[dict], ms: float, replay: int) -> list[dict]:
+    """The records as replay number `replay` of an ensemble sends them: replay 0 at the recorded
+    send times (the records themselves), any other with each `start_ns` moved by a uniform draw in
+    [-ms, +ms] milliseconds from a generator seeded with `replay` (so an ensemble is reproducible).
+
+    Why: the runs with the offload connector are chaotic (32 lanes on a pool far smaller than the
+    working set: a send time moved by a millisecond changes which request is admitted, preempted
+    or evicted first), so a single replay of them moves by 10-20 points with any change and cannot
+    say whether the model is within bounds; the median over slightly perturbed replays can."""
+    if replay == 0:
+        return records
+    rng = random.Random(replay)
+    return [r if r.get("start_ns") is None else {**r, "start_ns": r["start_ns"] + round(rng.uniform(-ms, ms) * 1e6)}
+            for r in records]
 
 
 def keys(records: list[dict], summary: dict, block_size: int, traces) -> dict[str, list[int]]:

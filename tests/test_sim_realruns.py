@@ -8,7 +8,7 @@ from agentx.sim.realruns import DATA, jittered, runs
 
 
 def test_runs_found_from_any_working_directory(tmp_path, monkeypatch):
-    """bench/sim_vs_real.py finds the runs wherever it starts."""
+    """`python -m agentx.sim.fit` and bench/sim_vs_real.py find the runs wherever they start."""
     monkeypatch.chdir(tmp_path)
     assert {r.name for r in runs(DATA)} == {"base", "spec", "offA", "offB", "spec32", "offb"}
 

@@ -3,6 +3,7 @@ write them into the profile YAML.
 
     python -m agentx.sim.fit            # fit, print residuals, leave the YAML alone
     python -m agentx.sim.fit --write    # ... and write the constants into the shipped profile
+    python -m agentx.sim.fit --data DIR # the runs under DIR (default: the repository's tests/data)
 
 1. Decode (`attn_mbu`, `per_seq_overhead_us`): replay.fit_decode on the 8-lane base run, the
    8-stream steady step held at its anchor (docs/simulator.md §Calibration).
@@ -18,6 +19,7 @@ spec (8 lanes) and spec32 (32 lanes); the pool-limited runs are only compared (b
 """
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from importlib import resources
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .realruns import runs
+from .realruns import DATA, runs
 from .replay import DECODE_ANCHOR, figures, fit_decode, measured, replay, replay_figures
 
 SERVERS = (0.0, 1.0, 2.0, 4.0, 8.0)  # 0 = unlimited (independent holds)
@@ -114,11 +116,15 @@ def write_profile(path: Path, calib: dict) -> None:
 
 
 def main(argv: list[str]) -> None:
-    data = Path("tests/data")
-    cal = fit(data)
+    ap = argparse.ArgumentParser(prog="python -m agentx.sim.fit", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, default=DATA, help="folder holding h200-runs and h200-runs-2")
+    ap.add_argument("--write", action="store_true", help="write the constants into the shipped profile")
+    args = ap.parse_args(argv)
+    cal = fit(args.data)
     print("fit: " + ", ".join(f"{k} {v:.4g}" for k, v in cal.items()))
-    residuals(data, cal)
-    if "--write" in argv:
+    residuals(args.data, cal)
+    if args.write:
         path = Path(str(resources.files("agentx.sim") / "profiles" / "h200-qwen3-8b-bf16.yaml"))
         write_profile(path, cal)
         print(f"written: {path}")

@@ -118,5 +118,9 @@ class ServedFrontEnd:
 
     def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
         self._timer = None
+        # at least up to the departure this timer was armed for: a loop timer may fire up to the
+        # clock's resolution before its deadline (asyncio runs every timer due before time() +
+        # resolution), and advancing only to loop.time() would then release nothing and re-arm for
+        # the same deadline, spinning until the clock caught up
         self._release(self.fe.advance(max(loop.time(), self.fe.next_finish() or 0.0)))
         self._arm(loop)

@@ -65,15 +65,6 @@ def offload_tier(cfg: SimConfig, r: Resolved) -> OffloadTier | None:
                        chunk_tokens=cfg.offload_chunk_tokens or store.chunk_tokens)
 
 
-def lazy_walk_blocks(cfg: SimConfig, r: Resolved, offload: OffloadTier | None) -> int:
-    """GPU blocks SimpleCPUOffload's lazy store walk covers per step (0: not that store):
-    `_estimate_lazy_target_blocks` in vllm/v1/simple_kv_offload/manager.py, 2 x the blocks of
-    one step's token budget (WATERMARK_RATIO 1.0)."""
-    if offload is None or offload.eager or cfg.kv_offload != "simple-cpu":
-        return 0
-    return 2 * -(-r.max_num_batched_tokens // r.block_size)
-
-
 def build_engine(cfg: SimConfig) -> BuiltEngine:
     r = resolve(cfg)
     max_model_len = min(cfg.max_model_len, r.kv_pool_tokens)
@@ -92,8 +83,7 @@ def build_engine(cfg: SimConfig) -> BuiltEngine:
                        offload=offload,
                        fixed_ttft_s=cfg.fixed_ttft_ms / 1e3 if fixed else None,
                        fixed_itl_s=cfg.fixed_itl_ms / 1e3 if fixed else None,
-                       prefill_cap=prefill_cap(r, max_model_len), full_isl=r.reserve_full_isl,
-                       walk_target=lazy_walk_blocks(cfg, r, offload))
+                       prefill_cap=prefill_cap(r, max_model_len), full_isl=r.reserve_full_isl)
     return BuiltEngine(cfg, r, max_model_len, timing, stats, engine, frontend(r.profile.calibration))
 
 

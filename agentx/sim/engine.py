@@ -38,11 +38,11 @@ class SimEngine(Scheduler):
                  timing: StepTiming, stats: EngineStats, time_scale: float = 1.0,
                  spec: Acceptance | None = None, offload: OffloadTier | None = None,
                  fixed_ttft_s: float | None = None, fixed_itl_s: float | None = None,
-                 prefill_cap: int = 0, full_isl: bool = True, walk_target: int = 0) -> None:
+                 prefill_cap: int = 0, full_isl: bool = True) -> None:
         super().__init__(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                          max_batched_tokens=max_batched_tokens, timing=timing, stats=stats,
                          time_scale=time_scale, k=spec.k if spec is not None else 0, offload=offload,
-                         prefill_cap=prefill_cap, full_isl=full_isl, walk_target=walk_target)
+                         prefill_cap=prefill_cap, full_isl=full_isl)
         self.spec = spec
         self.fixed_ttft = fixed_ttft_s
         self.fixed_itl = fixed_itl_s
@@ -106,26 +106,17 @@ class SimEngine(Scheduler):
             st = self.stats
             st.kv_usage, st.num_running, st.num_waiting = self.pool.usage(), len(self.running), len(self.waiting)
             if batch.empty:
-                # only copies in flight (or nothing admissible): wait for the earliest one
-                if self._walked:
-                    self._issue_stores(now)
+                # only loads in flight (or nothing admissible): wait for the earliest load
                 self.wake.clear()
-                wake = self._wake_at()
-                delay = (now + 0.001 if wake is None else wake) - now
+                delay = min((r.load_until for r in self.loading), default=now + 0.001) - now
                 try:
                     await asyncio.wait_for(self.wake.wait(), timeout=max(delay, 0.0))
                 except asyncio.TimeoutError:
                     pass
                 start = time.perf_counter()
                 continue
-            if batch.flush_until > start:
-                await sleep_until(batch.flush_until)
-                start = batch.flush_until
             dt = self.timing.step_seconds(batch) / self.scale
             end = start + dt
-            if self._walked:
-                self._issue_stores(end)
-            self._stepped(end)
             await sleep_until(end)
             # lateness is measured at the wake-up: the bookkeeping of this step (_apply) runs
             # inside the next step's interval, as a real engine's CPU work overlaps the GPU's
@@ -148,34 +139,17 @@ class SimEngine(Scheduler):
         now = self.virtual_ns / 1e9
         batch = self._schedule(now)
         if batch.empty:
-            if self._walked:
-                self._issue_stores(now)
-            wake = self._wake_at()
-            if wake is None:
+            if not self.loading:
                 return False
-            self.virtual_ns = max(self.virtual_ns, int(wake * 1e9) + 1)
+            self.virtual_ns = int(min(q.load_until for q in self.loading) * 1e9) + 1
             self._finish_loads(self.virtual_ns / 1e9)
             return True
-        if batch.flush_until > now:
-            self.virtual_ns = int(batch.flush_until * 1e9)
         self.virtual_ns += int(self.timing.step_seconds(batch) * 1e9)
-        end = self.virtual_ns / 1e9
-        if self._walked:
-            self._issue_stores(end)
-        self._stepped(end)
         self._apply(batch)
         self.steps += 1
         if self.loading:
             self._finish_loads(self.virtual_ns / 1e9)
         return True
-
-    def _wake_at(self) -> float | None:
-        """With nothing to compute: when a copy in flight ends that could change that (a load,
-        or a store whose blocks a waiting request may need); None if there is none."""
-        t = [q.load_until for q in self.loading]
-        if self._stores and (self.waiting or self.holding):
-            t.append(self._stores[0][0])
-        return min(t, default=None)
 
     # ------------------------------------------------------------ step results
     def emit_tokens(self, req: SimRequest, gen: int, now_ns: int) -> tuple[int, str | None]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from itertools import islice
 
 import numpy as np
 
@@ -131,87 +130,3 @@ class BlockPool:
             if h is not None and self.cached.get(h) == b:
                 del self.cached[h]
             self.bhash[b] = None
-
-
-class CursorPool(BlockPool):
-    """A BlockPool whose free queue SimpleCPUOffload's lazy store walks with a cursor
-    (vllm/v1/simple_kv_offload/manager.py `_prepare_lazy_store_specs`, vLLM 0.32): each step it
-    visits up to `target` blocks after the cursor (from the head when the cursor block has left
-    the free queue) and takes the cached ones the CPU tier lacks out of the queue for the copy
-    (`gpu_pool.touch`); `unpin` frees them to the queue's end when the copy completes
-    (`_process_store_completion` -> `free_blocks`). The blocks at or before the cursor are a
-    prefix of the free queue (blocks are only appended, or put in front); `walked` counts it,
-    kept by a sequence number each block gets when it is freed."""
-
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        super().__init__(num_blocks, block_size)
-        self.seq = [0] * num_blocks  # order of freeing: the queue is sorted by it
-        self._n = 0
-        self.cursor: tuple[int, int] | None = None  # (block, its seq) last visited
-        self.walked = 0  # free blocks at or before the cursor
-        self.pinned = 0  # blocks out of the queue for an in-flight store
-
-    def allocate(self, n: int) -> list[int] | None:
-        out = super().allocate(n)
-        if out is not None and self.walked:
-            self.walked = max(0, self.walked - n)  # taken from the head: inside the prefix
-        return out
-
-    def touch(self, hashes: Sequence[int]) -> list[int]:
-        if self.walked:
-            cs, cached, ref, seq = self.cursor[1], self.cached, self.ref, self.seq
-            for h in hashes:
-                b = cached[h]
-                if ref[b] == 0 and seq[b] <= cs:
-                    self.walked -= 1
-        return super().touch(hashes)
-
-    def release(self, blocks: Sequence[int]) -> None:
-        super().release(blocks)
-        ref, bhash, seq = self.ref, self.bhash, self.seq
-        for b in reversed(blocks):
-            if ref[b] == 0:
-                self._n += 1
-                if bhash[b] is None:  # in front of the queue: before the cursor
-                    seq[b] = -self._n
-                    if self.cursor is not None:
-                        self.walked += 1
-                else:
-                    seq[b] = self._n
-
-    def walk(self, target: int, room: int, stored) -> list[int]:
-        """One step's lazy-store walk: the blocks to copy (now out of the free queue), at most
-        `room` (free CPU blocks), skipping blocks whose hash is in `stored`."""
-        free = self.free
-        if self.cursor is not None:
-            b, s = self.cursor
-            if b not in free or self.seq[b] != s:
-                self.cursor = None
-        if self.cursor is None:
-            self.walked = 0
-        out: list[int] = []
-        last = None
-        covered = 0
-        bhash = self.bhash
-        for b in islice(free, self.walked, self.walked + target):
-            if len(out) >= room:
-                break
-            last = b
-            covered += 1
-            h = bhash[b]
-            if h is not None and h not in stored:
-                out.append(b)
-        if last is not None:
-            self.cursor = (last, self.seq[last])
-        self.walked += covered - len(out)
-        ref = self.ref
-        for b in out:
-            del free[b]
-            ref[b] = 1
-        self.pinned += len(out)
-        return out
-
-    def unpin(self, blocks: Sequence[int]) -> None:
-        """A store completed: its GPU blocks go back to the free queue's end."""
-        self.pinned -= len(blocks)
-        self.release(blocks)

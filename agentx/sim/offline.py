@@ -65,31 +65,16 @@ def simulate(cfg: SimConfig, sc: Scenario, seed: int = 0) -> dict:
 
     for _ in range(min(sc.concurrency, sc.requests)):
         submit()
-    # With SimpleCPUOffload's lazy store a replacement enters the engine only after a real
-    # client's round trip (the API server's front-end work for its prompt, sim/timing.py), not in
-    # the schedule that freed its predecessor's blocks: the store walk that ends each schedule
-    # (sim/sched.py) runs in between. Without that store the replacement enters at once.
-    delay = int(built.timing.frontend_seconds(sc.prompt_tokens) * 1e9) if eng.walk_target else 0
-    pending: list[int] = []  # when each deferred replacement reaches the engine
     while len(done) < sc.requests:
-        ran = eng.step_offline()
-        if not ran:
-            if not pending:
-                raise RuntimeError(f"{sc}: requests left but none can run (prompt larger than the KV pool?)")
-            eng.virtual_ns = max(eng.virtual_ns, min(pending))
-        while pending and min(pending) <= eng.virtual_ns:
-            pending.remove(min(pending))
-            submit()
+        if not eng.step_offline():
+            raise RuntimeError(f"{sc}: requests left but none can run (prompt larger than the KV pool?)")
         finished = [q for q in active if q.finish is not None]
         if finished:
             active[:] = [q for q in active if q.finish is None]
             done.extend(finished)
             for _ in finished:
-                if issued + len(pending) < sc.requests:
-                    if delay:
-                        pending.append(eng.virtual_ns + delay)
-                    else:
-                        submit()
+                if issued < sc.requests:
+                    submit()
     wall = eng.virtual_ns / 1e9
     out = sum(q.num_out for q in done)
     n_done = len(done)

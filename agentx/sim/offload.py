@@ -2,11 +2,8 @@
 
 Blocks are tracked by their chained hash only: the tier holds no data, just which prefixes
 could be loaded back instead of recomputed. It is an LRU of fixed capacity (in blocks).
-- lazy store (SimpleCPUOffload `lazy_offload: true`): blocks reach the tier only after the GPU
-  pool freed them. The served and offline engines model vLLM's walk of the GPU free queue
-  (sim/kvcache.py `CursorPool.walk`, sim/sched.py: `reserve` when a copy starts, `commit` when
-  the scheduler learns it completed); `on_gpu_evict` stores a block when the pool evicts it,
-  the order the client's model (agentx.prefix_cache.TieredCache) follows;
+- lazy store (SimpleCPUOffload `lazy_offload: true`): a block is copied to the CPU when the GPU
+  pool evicts it, so the tier only holds what fell out of the GPU;
 - eager store (Mooncake store, LMCache, SimpleCPUOffload default): every newly computed full
   block is copied right away, so the tier mirrors recent GPU content too;
 - chunked hits (LMCache, `chunk_tokens` = LMCACHE_CHUNK_SIZE, 256 by default): a lookup counts
@@ -19,13 +16,14 @@ validation expects; tests/test_sim_offload.py checks this tier against it, the l
 eviction at a time as `PrefixCache.store_each`). Both follow SimpleCPUOffload's manager,
 vllm/v1/simple_kv_offload/manager.py (vLLM 0.32; 0.24.0's lazy walk, lookup, pins and
 completions are the same code before a refactor):
-- lazy: each scheduler step `_prepare_lazy_store_specs` walks the GPU free queue from a cursor
-  over up to `_target_free` = 2 x ceil(max_num_batched_tokens / block_size) blocks (1,024 at
-  8,192 tokens and 16-token blocks) and copies those not in the tier yet; the copy is
+- lazy: each scheduler step `_prepare_lazy_store_specs` walks the GPU free queue from its head
+  (or a cursor) over up to `_target_free` = 2 x ceil(max_num_batched_tokens / block_size) blocks
+  (1,024 at 8,192 tokens and 16-token blocks) and copies those not in the tier yet; the copy is
   asynchronous, the GPU block is held meanwhile (still a GPU hit, not evictable), and the CPU
   block becomes a hit only when the store completes (`_process_store_completion`), which also
-  puts the GPU block back at the free queue's end (sim/sched.py models this). A block the
-  allocator takes before the walk reaches it is never stored; `on_gpu_evict` stores it anyway;
+  puts the GPU block back at the free queue's end. Modelled as a store on eviction; a block the
+  allocator takes before the walk reaches it (a pool kept full by waiting requests) is never
+  stored by vLLM, but is by both models (docs/server-metrics.md: what that costs);
 - the tier is a vLLM BlockPool of the GPU's block size (`_derive_cpu_config`), evicting least
   recently freed first;
 - a block already in the tier is not stored again and keeps its place
@@ -56,7 +54,6 @@ class OffloadTier:
         self.stored_blocks = 0  # cumulative GPU->CPU block copies
         self.loaded_blocks = 0  # cumulative CPU->GPU block copies
         self.evicted_blocks = 0
-        self.inflight = 0  # CPU blocks taken by stores still copying (the lazy walk's)
 
     def store(self, h: int) -> None:
         """Copy one block's KV to the tier (see store_many)."""
@@ -68,53 +65,26 @@ class OffloadTier:
         are taken from the LRU head (`get_new_blocks`), which may evict blocks of the same
         request that were skipped; pinned blocks are never taken, and what finds no CPU block
         is not stored."""
-        blocks = self.blocks
+        blocks, pins = self.blocks, self.pins
         new = [h for h in dict.fromkeys(hashes) if h not in blocks]
         if not new or self.capacity == 0:
             return
-        room = self.capacity - len(blocks) - self.inflight
-        new = new[:room + self._evict(len(new) - room)]
+        room = self.capacity - len(blocks)
+        evict = len(new) - room
+        if evict > 0:
+            victims = []
+            for b in blocks:
+                if len(victims) == evict:
+                    break
+                if b not in pins:
+                    victims.append(b)
+            for b in victims:
+                del blocks[b]
+            self.evicted_blocks += len(victims)
+            new = new[:room + len(victims)]
         for h in new:
             blocks[h] = None
         self.stored_blocks += len(new)
-
-    def _evict(self, n: int) -> int:
-        """Drop up to n least recently used unpinned blocks; how many were dropped."""
-        if n <= 0:
-            return 0
-        blocks, pins = self.blocks, self.pins
-        victims = []
-        for b in blocks:
-            if len(victims) == n:
-                break
-            if b not in pins:
-                victims.append(b)
-        for b in victims:
-            del blocks[b]
-        self.evicted_blocks += len(victims)
-        return len(victims)
-
-    def free_blocks(self) -> int:
-        """CPU blocks a store could take (vLLM's `cpu_pool.get_num_free_blocks()`): all but
-        those pinned by loads or by stores in flight."""
-        return self.capacity - len(self.pins) - self.inflight
-
-    def reserve(self, n: int) -> None:
-        """A lazy store of n blocks starts: CPU blocks are taken now (`get_new_blocks`, the
-        empty ones first, then the least recently used unpinned ones, whose content is lost);
-        `commit` makes the copied blocks hits when the copy completes."""
-        self._evict(n - (self.capacity - len(self.blocks) - self.inflight))
-        self.inflight += n
-
-    def commit(self, hashes: Sequence[int]) -> None:
-        """A lazy store completed (`_process_store_completion`): its blocks are hits, most
-        recently used."""
-        self.inflight -= len(hashes)
-        blocks = self.blocks
-        for h in hashes:
-            blocks[h] = None
-            blocks.move_to_end(h)
-        self.stored_blocks += len(hashes)
 
     def on_gpu_evict(self, h: int) -> None:
         """BlockPool eviction listener: the lazy store path."""

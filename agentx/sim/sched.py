@@ -26,19 +26,13 @@ sim/engine.py runs the steps.
   `reserved_blocks=`): a loading request holds blocks without progress and cannot be preempted,
   and without the reservation loaded requests could hold the pool between them with none able to
   finish (the simulator did stop serving for good that way).
-- SimpleCPUOffload's lazy store (`walk_target` > 0, vllm/v1/simple_kv_offload/manager.py): after
-  each schedule a cursor walks the GPU free queue and takes the cached blocks the tier lacks out
-  of it for their copy (`CursorPool.walk`); the copy starts when the step's compute ends, behind
-  earlier ones, at the host link's rate; the blocks come back to the queue's end, as tier hits,
-  once the scheduler learns the copy finished (from the step after the one it finished in). A
-  step that preempts first waits for every copy in flight (`handle_preemptions`).
 """
 from __future__ import annotations
 
 import time
 from collections import deque
 
-from .kvcache import BlockPool, CursorPool
+from .kvcache import BlockPool
 from .offload import OffloadTier
 from .request import FINISHED, LOADING, RUNNING, WAITING, SimRequest
 from .stats import EngineStats
@@ -48,24 +42,12 @@ from .timing import Batch, StepTiming
 class Scheduler:
     def __init__(self, *, num_blocks: int, block_size: int, max_num_seqs: int, max_batched_tokens: int,
                  timing: StepTiming, stats: EngineStats, time_scale: float, k: int,
-                 offload: OffloadTier | None, prefill_cap: int = 0, full_isl: bool = True,
-                 walk_target: int = 0) -> None:
+                 offload: OffloadTier | None, prefill_cap: int = 0, full_isl: bool = True) -> None:
         self.offload = offload
         self.prefill_cap = prefill_cap  # long_prefill_token_threshold as resolved (0 = none)
         self.full_isl = full_isl  # scheduler_reserve_full_isl
-        # SimpleCPUOffload's lazy store: blocks per step its walk of the free queue covers
-        self.walk_target = walk_target if offload is not None and not offload.eager else 0
-        if self.walk_target:
-            self.pool: BlockPool = CursorPool(num_blocks, block_size)
-        else:
-            self.pool = BlockPool(num_blocks, block_size,
-                                  on_evict=offload.on_gpu_evict if offload is not None else None)
-        self._walked: list[int] = []  # this step's walk: copied once the step's compute ends
-        self._stores: deque[tuple[float, list[int], list[int]]] = deque()  # (done, GPU blocks, hashes)
-        self._store_free = 0.0  # when the store stream is idle
-        self._seen_until = 0.0  # store completions up to here are known to the scheduler
-        self._last_end = 0.0
-        self._dma_free = 0.0  # when the load stream's copies end
+        self.pool = BlockPool(num_blocks, block_size,
+                              on_evict=offload.on_gpu_evict if offload is not None else None)
         self.bs = block_size
         self.max_num_seqs = max_num_seqs
         self.max_batched = max_batched_tokens
@@ -82,10 +64,6 @@ class Scheduler:
         self.now_ns = time.perf_counter_ns
 
     def _schedule(self, now: float) -> Batch:
-        if self._stores:
-            if not self.running:  # an idle engine polls the copies at once
-                self._seen_until = max(self._seen_until, now)
-            self._finish_stores(self._seen_until)
         budget = self.max_batched
         batch = self.timing.new_batch()
         k = self.k
@@ -121,17 +99,6 @@ class Scheduler:
             break  # the request itself was preempted
         if not preempted:
             self._admit(batch, budget, now)
-        elif self.walk_target:
-            # a preemption makes the worker wait for every copy in flight before the step
-            # (`need_flush` -> SimpleCPUOffloadWorker.handle_preemptions); nothing was
-            # admitted, so these are copies earlier steps started
-            batch.flush_until = max(self._store_free, self._dma_free)
-        if self.walk_target:
-            off = self.offload
-            walked = self.pool.walk(self.walk_target, off.free_blocks(), off.blocks)
-            if walked:
-                off.reserve(len(walked))
-                self._walked = walked
         self.stats.num_waiting = len(self.waiting) + len(self.holding)
         self.stats.num_running = len(running)
         return batch
@@ -237,32 +204,8 @@ class Scheduler:
         secs = self.timing.load_seconds(host * bs)
         req.load_until = max(now, self._link_free) + secs / self.scale
         self._link_free = req.load_until  # one host->GPU copy stream: loads queue behind each other
-        self._dma_free = max(now, self._dma_free) + self.timing.copy_seconds(host * bs) / self.scale
         self.stats.on_host_load(host * bs, host * bs * self.timing.kv_tok * self.timing.tp, secs, host)
         return True
-
-    def _issue_stores(self, compute_end: float) -> None:
-        """The step's walked blocks start copying when its compute ends (the store waits on a
-        compute-done event: `wait_for_save`), behind earlier stores on the one store stream."""
-        blocks, self._walked = self._walked, []
-        start = max(compute_end, self._store_free)
-        done = start + self.timing.copy_seconds(len(blocks) * self.bs) / self.scale
-        self._store_free = done
-        bhash = self.pool.bhash
-        self._stores.append((done, blocks, [bhash[b] for b in blocks]))
-
-    def _stepped(self, end: float) -> None:
-        """A step ended: the scheduler learns of copies finished by the end of the step before
-        (the worker polls its events after each step; with async scheduling the next step is
-        scheduled before this one's output is processed)."""
-        self._seen_until, self._last_end = self._last_end, end
-
-    def _finish_stores(self, until: float) -> None:
-        stores = self._stores
-        while stores and stores[0][0] <= until:
-            _, blocks, hashes = stores.popleft()
-            self.offload.commit(hashes)
-            self.pool.unpin(blocks)
 
     def _finish_loads(self, now: float) -> None:
         still = []

@@ -36,7 +36,6 @@ class Batch:
     flops: float = 0.0  # filled by StepTiming: per-GPU estimates for vllm:estimated_*_per_gpu
     read_bytes: float = 0.0
     write_bytes: float = 0.0
-    flush_until: float = 0.0  # the step waits for copies in flight until then (a preemption)
 
     @property
     def empty(self) -> bool:
@@ -112,8 +111,6 @@ class StepTiming:
         # host->GPU loads of offloaded KV: the connector's effective rate, capped by the PCIe link
         rate = cal.load_gbps(offload) or hw.host_gbps
         self.host_bw = min(rate, hw.host_gbps) * 1e9
-        # a copy's own time on the PCIe link (the lazy store; how long a load's DMA runs)
-        self.link_bw = hw.host_gbps * 1e9
         self.window = m.attn_window
         self.index_tok = m.index_bytes_per_token / tp if m.attn_window else 0.0
         self.layers = m.layers
@@ -150,12 +147,6 @@ class StepTiming:
         server's HTTP handling, chat-template rendering and tokenisation (vLLM does these in
         its front-end process before the engine core sees the request)."""
         return self.frontend_fixed + self.frontend_tok * prompt_tokens
-
-    def copy_seconds(self, tokens: int) -> float:
-        """DMA time of `tokens` tokens of KV over the host link, one direction: a store's
-        whole duration, and how long a load's copy keeps its stream busy (a load's completion,
-        `load_seconds`, is the connector's effective rate, which also counts its latency)."""
-        return tokens * self.kv_tok / self.link_bw
 
     def load_seconds(self, tokens: int) -> float:
         """Host->GPU copy of `tokens` tokens of KV: each rank loads its share in parallel; the

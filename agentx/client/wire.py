@@ -105,10 +105,14 @@ class _Conn(asyncio.Protocol):
         slices as the socket drains: the transport copies whatever the kernel does not take
         at once, and 1024 lanes x ~1 MB bodies would otherwise sit twice in memory. Each
         wait for the socket to drain is bounded by `timeout_s` and by the request's
-        deadline."""
+        deadline. A connection that closed before the write (the server went away while it
+        sat in the pool, or during the wait for it) is `Stale`: uvloop raises RuntimeError on
+        a write to a closed transport where asyncio's loop drops it."""
         tr = self.transport
         parts = body.parts
         assert tr is not None and parts is not None
+        if self.closed or tr.is_closing():
+            raise Stale("connection closed before the request was sent")
         if body.size < WRITE_SLICE:
             if len(parts) == 1:
                 tr.write(head + parts[0])

@@ -27,6 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import InputError
+from ..options import StrictModel, add_arguments, from_args, opt
+from ..yamlconf import print_config, read_config
 from .realruns import DATA, runs
 from .replay import DECODE_ANCHOR, figures, fit_decode, measured, replay, replay_figures
 
@@ -115,12 +118,24 @@ def write_profile(path: Path, calib: dict) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+class FitOptions(StrictModel):
+    data: Path = opt(DATA, "folder holding h200-runs and h200-runs-2", metavar="DIR")
+    write: bool = opt(False, "write the constants into the shipped profile", negatable=False)
+
+
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="python -m agentx.sim.fit", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=DATA, help="folder holding h200-runs and h200-runs-2")
-    ap.add_argument("--write", action="store_true", help="write the constants into the shipped profile")
-    args = ap.parse_args(argv)
+    add_arguments(ap, FitOptions)
+    ns = ap.parse_args(argv)
+    try:
+        if getattr(ns, "config", None) or getattr(ns, "print_config", False):  # as agentx.cli
+            read_config(ns)
+            if getattr(ns, "print_config", False):
+                sys.exit(print_config(ns))
+        args = from_args(ns, FitOptions)
+    except InputError as err:
+        sys.exit(str(err))
     cal = fit(args.data)
     print("fit: " + ", ".join(f"{k} {v:.4g}" for k, v in cal.items()))
     residuals(args.data, cal)

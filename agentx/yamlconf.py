@@ -263,6 +263,14 @@ def _redact_url(v: object) -> object:
     return v
 
 
+def config_flags(ns: argparse.Namespace) -> int | None:
+    """`--config FILE` and `--print-config`, which `options.add_arguments` gives every parser:
+    the file's options go under the flags; with --print-config the effective options are
+    printed and its exit code returned (the caller returns it and runs nothing)."""
+    read_config(ns)  # no --config: nothing to read
+    return print_config(ns) if getattr(ns, "print_config", False) else None
+
+
 def print_config(ns: argparse.Namespace) -> int:
     """`--print-config`: the effective options as YAML on stdout, which `--config` reads
     back (a redacted secret then has to be given by its flag)."""

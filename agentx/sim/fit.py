@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..options import StrictModel, add_arguments, from_args, opt
-from ..yamlconf import print_config, read_config
+from ..yamlconf import config_flags
 from .realruns import DATA, runs
 from .replay import DECODE_ANCHOR, figures, fit_decode, measured, replay, replay_figures
 
@@ -129,10 +129,8 @@ def main(argv: list[str]) -> None:
     add_arguments(ap, FitOptions)
     ns = ap.parse_args(argv)
     try:
-        if getattr(ns, "config", None) or getattr(ns, "print_config", False):  # as agentx.cli
-            read_config(ns)
-            if getattr(ns, "print_config", False):
-                sys.exit(print_config(ns))
+        if (printed := config_flags(ns)) is not None:
+            sys.exit(printed)
         args = from_args(ns, FitOptions)
     except InputError as err:
         sys.exit(str(err))

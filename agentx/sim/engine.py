@@ -165,6 +165,7 @@ class SimEngine(Scheduler):
         req.num_out += gen
         if not req.first_token_ns:
             req.first_token_ns = now_ns
+            self.stats.on_first_token(req)
         self.stats.on_tokens(req, gen, now_ns)
         req.last_token_ns = now_ns
         return gen, finish
@@ -175,6 +176,7 @@ class SimEngine(Scheduler):
         spec = self.spec
         stats = self.stats
         finished = []
+        generated = 0
         for req, _start_tok, n, decode in batch.items:
             if req.state != RUNNING:
                 continue
@@ -199,11 +201,12 @@ class SimEngine(Scheduler):
                     continue  # chunked prefill continues next step
                 gen = 1
             gen, finish = self.emit_tokens(req, gen, now_ns)
+            generated += gen
             if finish is not None:
                 req.finish = finish
                 finished.append(req)
             req.push(gen, finish)
-        stats.on_step(batch.num_tokens, batch.flops, batch.read_bytes, batch.write_bytes)
+        stats.on_step(generated, batch.flops, batch.read_bytes, batch.write_bytes)
         if offload is not None and offload.stored_blocks != self._stored_seen:
             n = offload.stored_blocks - self._stored_seen
             self._stored_seen = offload.stored_blocks

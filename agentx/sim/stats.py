@@ -189,6 +189,7 @@ class EngineStats:
         self.num_waiting = 0
         self.kv_usage = 0.0
         self.num_preemptions = 0
+        self._iter_prompt = 0  # computed prompt tokens of the prefills that ended in this step
         self._preempt_seen = 0
         self.offload_used_blocks = 0
 
@@ -211,20 +212,33 @@ class EngineStats:
         self.h_queue.observe((req.scheduled_ns - (req.queued_ns or req.arrival_ns)) / 1e9)
 
     def on_prefix_lookup(self, prompt: int, dev: int, host: int, connector: bool, keys_queried: int = 0) -> None:
+        """At admission, as vLLM records its scheduler stats (vllm/v1/core/sched/scheduler.py
+        `record_prefix_cache_stats` "at admission so unscheduled lookups are not counted"; the
+        connector's stats after allocation; loggers.py feeds prompt_tokens_cached_by_source
+        from both)."""
         self.c_pc_queries.inc(prompt)
         self.c_pc_hits.inc(dev)
         if connector:
             self.c_ext_queries.inc(prompt - dev)
             self.c_ext_hits.inc(host)
             self.off.on_lookup(keys_queried)
+        self.c_cached_src["device"].inc(dev)
+        self.c_cached_src["host"].inc(host)
+
+    def on_first_token(self, req: "SimRequest") -> None:
+        """When the request's prefill ends, as vLLM counts prompt tokens: the iteration that
+        carries a request's first token adds its PrefillStats (taken at its first scheduling) to
+        vllm:prompt_tokens, prompt_tokens_by_source and prompt_tokens_cached
+        (vllm/v1/metrics/stats.py `IterationStats.update_from_output` with is_prefilling;
+        loggers.py). A preempted request's re-prefill is not counted again. Its computed tokens
+        also go into this step's vllm:iteration_tokens_total (see on_step)."""
+        prompt, dev, host = req.prompt_len, req.cached_device, req.cached_host
         self.c_prompt.inc(prompt)
         self.c_src_compute.inc(prompt - dev - host)
         self.c_src_hit.inc(dev)
         self.c_src_ext.inc(host)
         self.c_cached.inc(dev + host)
-        self.c_cached_src["device"].inc(dev)
-        self.c_cached_src["host"].inc(host)
-        self.h_kv_computed.observe(prompt - dev - host)
+        self._iter_prompt += prompt - dev - host
 
     def on_host_load(self, tokens: int, nbytes: float = 0.0, seconds: float = 0.0, blocks: int = 0) -> None:
         self.off.on_load(blocks, nbytes, seconds)
@@ -247,8 +261,13 @@ class EngineStats:
         else:
             self.h_ttft.observe((now_ns - req.arrival_ns) / 1e9)
 
-    def on_step(self, tokens: int, flops: float = 0.0, read_bytes: float = 0.0, write_bytes: float = 0.0) -> None:
-        self.h_iter.observe(tokens)
+    def on_step(self, gen_tokens: int, flops: float = 0.0, read_bytes: float = 0.0, write_bytes: float = 0.0) -> None:
+        """One engine step. vllm:iteration_tokens_total observes, per iteration, the generated
+        tokens plus the computed prompt tokens of the requests whose prefill ended in it
+        (vllm/v1/metrics/loggers.py: prompt_token_stats.computed + num_generation_tokens), not
+        the tokens the step scheduled: a chunked prefill counts once, in its last chunk's step."""
+        self.h_iter.observe(self._iter_prompt + gen_tokens)
+        self._iter_prompt = 0
         if flops:
             self.c_flops.inc(flops)
             self.c_read.inc(read_bytes)
@@ -272,6 +291,8 @@ class EngineStats:
         self.h_n.observe(1)
         self.h_max_tokens.observe(req.max_tokens)
         self.h_preempt.observe(req.preemptions)
+        # vLLM observes it when the request finishes: prompt tokens minus cached ones
+        self.h_kv_computed.observe(req.prompt_len - req.cached_device - req.cached_host)
 
     def on_sim_step(self, modelled_s: float, late_s: float) -> None:
         self.c_sim_steps.inc()

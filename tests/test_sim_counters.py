@@ -56,3 +56,30 @@ def test_prompt_tokens_count_when_the_prefill_ends_not_at_admission():
     assert _value(st, vn.PROMPT_BY_SOURCE + "_total", source="local_cache_hit") == hit
     assert _value(st, vn.PROMPT_TOKENS + "_total") == 2 * PROMPT
     assert _value(st, vn.PREFILL_KV_COMPUTED + "_sum") == PROMPT + (PROMPT - hit)
+
+
+def test_a_request_loading_from_the_tier_waits_deferred():
+    """vllm:num_requests_waiting counts a request whose KV is being loaded from the CPU tier,
+    and vllm:num_requests_waiting_by_reason puts it under `deferred`, not `capacity`."""
+    cfg = SimConfig(profile="h200-qwen3-8b-bf16", max_model_len=131_072, kv_offload="simple-cpu",
+                    offload_gb=8)
+    eng = build_engine(cfg).engine
+    eng.use_virtual_clock()
+    hashes = [hash(("t", b)) for b in range(PROMPT // 16)]
+    eng.offload.store_many(hashes)  # the prompt's blocks are in the CPU tier, not on the GPU
+    req = SimRequest(rid="t", prompt_len=PROMPT, max_tokens=4, block_hashes=hashes)
+    cold = SimRequest(rid="c", prompt_len=1_000, max_tokens=4, block_hashes=[hash(("c", b)) for b in range(62)])
+    eng.submit(cold)
+    eng.submit(req)
+    assert eng.step_offline()  # the cold one computes; the other is admitted as a load (~0.8 s)
+    assert eng.loading == [req]
+    eng.stats.render()
+    st = eng.stats
+    assert _value(st, vn.WAITING) == 1
+    assert _value(st, vn.WAITING_BY_REASON, reason="deferred") == 1
+    assert _value(st, vn.WAITING_BY_REASON, reason="capacity") == 0
+    while eng.step_offline():
+        pass
+    assert req.finish == "length" and req.cached_host == PROMPT - 16
+    eng.stats.render()
+    assert _value(st, vn.WAITING) == 0 and _value(st, vn.WAITING_BY_REASON, reason="deferred") == 0

@@ -60,6 +60,7 @@ def test_sparse_attention_keeps_decode_flat_with_context():
     assert sparse[1] < 1.02 * sparse[0]  # MSA reads a fixed 2,048-token budget
 
 
+@pytest.mark.alone  # timing: the served TTFT held to the model within 10 ms (failed once beside 2 busy workers)
 async def test_served_timing_is_real_time(tmp_path):
     """h200-qwen3-8b at time_scale 1: the wire shows the modelled TTFT and TPOT."""
     tok = BuiltinTokenizer(WORDS)

@@ -60,7 +60,7 @@ class SimEngine(Scheduler):
         req.state = WAITING
         req.queued_ns = self.now_ns()  # vLLM's queue time counts from here, not from HTTP arrival
         self.waiting.append(req)
-        self.stats.num_waiting = len(self.waiting)
+        self._count_waiting()
         self.wake.set()
 
     def abort(self, req: SimRequest) -> None:
@@ -104,7 +104,7 @@ class SimEngine(Scheduler):
                 self._finish_loads(now)
             batch = self._schedule(now)
             st = self.stats
-            st.kv_usage, st.num_running, st.num_waiting = self.pool.usage(), len(self.running), len(self.waiting)
+            st.kv_usage = self.pool.usage()
             if batch.empty:
                 # only loads in flight (or nothing admissible): wait for the earliest load
                 self.wake.clear()

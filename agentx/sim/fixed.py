@@ -32,6 +32,7 @@ async def run_fixed(eng: SimEngine) -> None:
             task = loop.create_task(_one(eng, req))
             timers.add(task)
             task.add_done_callback(timers.discard)
+        eng._count_waiting()
         await eng.wake.wait()
 
 

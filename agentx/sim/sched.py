@@ -99,7 +99,7 @@ class Scheduler:
             break  # the request itself was preempted
         if not preempted:
             self._admit(batch, budget, now)
-        self.stats.num_waiting = len(self.waiting) + len(self.holding)
+        self._count_waiting()
         self.stats.num_running = len(running)
         return batch
 
@@ -134,6 +134,14 @@ class Scheduler:
             running.append(req)
             budget -= n
             batch.add_prefill(req, req.num_computed, n)
+
+    def _count_waiting(self) -> None:
+        """vllm:num_requests_waiting counts the waiting queue, the requests holding KV blocks
+        and those still loading; the loading ones are `deferred` in
+        vllm:num_requests_waiting_by_reason, the rest `capacity` (vLLM 0.32
+        `Scheduler.get_request_counts` and `make_stats`, vllm/v1/core/sched/scheduler.py)."""
+        self.stats.num_waiting = len(self.waiting) + len(self.holding) + len(self.loading)
+        self.stats.num_deferred = len(self.loading)
 
     def _chunk(self, need: int, budget: int) -> int:
         """Prompt tokens a prefilling request computes this step: what is left, within the step

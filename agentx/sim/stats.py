@@ -106,7 +106,7 @@ class EngineStats:
         by_reason = Gauge(vn.WAITING_BY_REASON, "Number of waiting requests by reason.",
                           L + ["reason"], registry=r)
         self.g_wait_capacity = by_reason.labels(reason="capacity", **lv)
-        by_reason.labels(reason="deferred", **lv).set(0)
+        self.g_wait_deferred = by_reason.labels(reason="deferred", **lv)
         sleep = Gauge(vn.SLEEP_STATE, "Engine sleep state; awake = 1 means engine is awake.",
                       L + ["sleep_state"], registry=r)
         for st, v in (("awake", 1), ("weights_offloaded", 0), ("discard_all", 0)):
@@ -186,7 +186,8 @@ class EngineStats:
                                   "Wall time the step loop fell behind the modelled schedule.", registry=r)
         # plain state the engine updates; copied into gauges at scrape time
         self.num_running = 0
-        self.num_waiting = 0
+        self.num_waiting = 0  # waiting queue + holding KV blocks + loading (vLLM's gauge)
+        self.num_deferred = 0  # of those, loading from the offload tier
         self.kv_usage = 0.0
         self.num_preemptions = 0
         self._iter_prompt = 0  # computed prompt tokens of the prefills that ended in this step
@@ -304,7 +305,8 @@ class EngineStats:
     def render(self) -> bytes:
         self.g_running.set(self.num_running)
         self.g_waiting.set(self.num_waiting)
-        self.g_wait_capacity.set(self.num_waiting)
+        self.g_wait_capacity.set(self.num_waiting - self.num_deferred)
+        self.g_wait_deferred.set(self.num_deferred)
         self.g_kv.set(self.kv_usage)
         self.off.before_render(self.offload_used_blocks)
         d = self.num_preemptions - self._preempt_seen

@@ -20,6 +20,7 @@ WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"  # {reason=capacity|de
 # waiting requests by async KV load stage, with a KV connector that loads (kv_both, consumer):
 # {stage=waiting_to_start|in_progress|completed_waiting} (vllm/v1/metrics/stats.py KV_FETCH_STAGES)
 KV_FETCH_BY_STAGE = "vllm:num_requests_kv_fetch_by_stage"
+KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
 SLEEP_STATE = "vllm:engine_sleep_state"  # {sleep_state}
 KV_USAGE = "vllm:kv_cache_usage_perc"
 

@@ -83,3 +83,28 @@ def test_a_request_loading_from_the_tier_waits_deferred():
     assert req.finish == "length" and req.cached_host == PROMPT - 16
     eng.stats.render()
     assert _value(st, vn.WAITING) == 0 and _value(st, vn.WAITING_BY_REASON, reason="deferred") == 0
+
+
+def test_kv_fetch_stages_follow_a_load():
+    """vllm:num_requests_kv_fetch_by_stage (vLLM 0.32, with a loading connector): in_progress
+    while the tier copies the request's blocks, completed_waiting once they are in but it has
+    not run, then nothing; without a tier the family is not exposed."""
+    cfg = SimConfig(profile="h200-qwen3-8b-bf16", max_model_len=131_072, kv_offload="simple-cpu",
+                    offload_gb=8)
+    eng = build_engine(cfg).engine
+    eng.use_virtual_clock()
+    st = eng.stats
+    hashes = [hash(("t", b)) for b in range(PROMPT // 16)]
+    eng.offload.store_many(hashes)
+    req = SimRequest(rid="t", prompt_len=PROMPT, max_tokens=4, block_hashes=hashes)
+    cold = SimRequest(rid="c", prompt_len=1_000, max_tokens=4, block_hashes=[hash(("c", b)) for b in range(62)])
+    eng.submit(cold)
+    eng.submit(req)
+    seen = []
+    while eng.step_offline():
+        st.render()
+        seen.append(tuple(int(_value(st, vn.KV_FETCH_BY_STAGE, stage=s)) for s in vn.KV_FETCH_STAGES))
+    assert (0, 1, 0) in seen  # loading
+    assert seen[-1] == (0, 0, 0) and req.finish == "length"
+    plain = build_engine(SimConfig(profile="h200-qwen3-8b-bf16")).engine.stats
+    assert vn.KV_FETCH_BY_STAGE not in plain.render().decode()

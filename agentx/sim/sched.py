@@ -139,9 +139,19 @@ class Scheduler:
         """vllm:num_requests_waiting counts the waiting queue, the requests holding KV blocks
         and those still loading; the loading ones are `deferred` in
         vllm:num_requests_waiting_by_reason, the rest `capacity` (vLLM 0.32
-        `Scheduler.get_request_counts` and `make_stats`, vllm/v1/core/sched/scheduler.py)."""
-        self.stats.num_waiting = len(self.waiting) + len(self.holding) + len(self.loading)
-        self.stats.num_deferred = len(self.loading)
+        `Scheduler.get_request_counts` and `make_stats`, vllm/v1/core/sched/scheduler.py).
+        With a tier, vllm:num_requests_kv_fetch_by_stage: `waiting_to_start` = waiting requests
+        whose last lookup found tier hits but could not be admitted (they keep the pin),
+        `in_progress` = loading, `completed_waiting` = loaded, not running yet
+        (`_set_kv_fetch_stage`)."""
+        st = self.stats
+        st.num_waiting = len(self.waiting) + len(self.holding) + len(self.loading)
+        st.num_deferred = len(self.loading)
+        if self.offload is not None:
+            fetch = st.kv_fetch
+            fetch["waiting_to_start"] = sum(1 for r in self.waiting if r.tier_pin)
+            fetch["in_progress"] = len(self.loading)
+            fetch["completed_waiting"] = len(self.holding)
 
     def _chunk(self, need: int, budget: int) -> int:
         """Prompt tokens a prefilling request computes this step: what is left, within the step

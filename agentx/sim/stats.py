@@ -176,6 +176,15 @@ class EngineStats:
                                   tok_b)
         self.info = Gauge(vn.CACHE_CONFIG, "Information of the LLMEngine CacheConfig", [], registry=r)
         self._info_labels: dict[str, str] = {}
+        # waiting requests by async KV load stage: vLLM registers it with a KV connector that
+        # loads (kv_transfer_config.is_kv_consumer, vllm/v1/metrics/loggers.py); set by the
+        # scheduler (sim/sched.py `_count_waiting`)
+        self.kv_fetch: dict[str, int] = dict.fromkeys(vn.KV_FETCH_STAGES, 0)
+        self.g_kv_fetch = {}
+        if offload != "none":
+            fetch = Gauge(vn.KV_FETCH_BY_STAGE, "Number of waiting requests by async KV load stage.",
+                          L + ["stage"], registry=r)
+            self.g_kv_fetch = {st: fetch.labels(stage=st, **lv) for st in vn.KV_FETCH_STAGES}
         # the connector's own families (agentx.offload: `Connector.sim_metrics`)
         self.off = connector(offload).sim_metrics(r, L, lv)
         # the simulator's own health (not vLLM names): is the step loop keeping real time?
@@ -307,6 +316,8 @@ class EngineStats:
         self.g_waiting.set(self.num_waiting)
         self.g_wait_capacity.set(self.num_waiting - self.num_deferred)
         self.g_wait_deferred.set(self.num_deferred)
+        for st, g in self.g_kv_fetch.items():
+            g.set(self.kv_fetch[st])
         self.g_kv.set(self.kv_usage)
         self.off.before_render(self.offload_used_blocks)
         d = self.num_preemptions - self._preempt_seen

@@ -58,19 +58,27 @@ def test_prompt_tokens_count_when_the_prefill_ends_not_at_admission():
     assert _value(st, vn.PREFILL_KV_COMPUTED + "_sum") == PROMPT + (PROMPT - hit)
 
 
-def test_a_request_loading_from_the_tier_waits_deferred():
-    """vllm:num_requests_waiting counts a request whose KV is being loaded from the CPU tier,
-    and vllm:num_requests_waiting_by_reason puts it under `deferred`, not `capacity`."""
+def _tier_load_behind_a_cold_prompt():
+    """An engine with a CPU tier holding a PROMPT-token prompt's blocks (none on the GPU), that
+    prompt submitted behind a 1,000-token cold one: the first step computes the cold one and
+    admits the other as a load (~0.8 s at the profile's copy rate)."""
     cfg = SimConfig(profile="h200-qwen3-8b-bf16", max_model_len=131_072, kv_offload="simple-cpu",
                     offload_gb=8)
     eng = build_engine(cfg).engine
     eng.use_virtual_clock()
     hashes = [hash(("t", b)) for b in range(PROMPT // 16)]
-    eng.offload.store_many(hashes)  # the prompt's blocks are in the CPU tier, not on the GPU
+    eng.offload.store_many(hashes)
     req = SimRequest(rid="t", prompt_len=PROMPT, max_tokens=4, block_hashes=hashes)
-    cold = SimRequest(rid="c", prompt_len=1_000, max_tokens=4, block_hashes=[hash(("c", b)) for b in range(62)])
-    eng.submit(cold)
+    eng.submit(SimRequest(rid="c", prompt_len=1_000, max_tokens=4,
+                          block_hashes=[hash(("c", b)) for b in range(62)]))
     eng.submit(req)
+    return eng, req
+
+
+def test_a_request_loading_from_the_tier_waits_deferred():
+    """vllm:num_requests_waiting counts a request whose KV is being loaded from the CPU tier,
+    and vllm:num_requests_waiting_by_reason puts it under `deferred`, not `capacity`."""
+    eng, req = _tier_load_behind_a_cold_prompt()
     assert eng.step_offline()  # the cold one computes; the other is admitted as a load (~0.8 s)
     assert eng.loading == [req]
     eng.stats.render()
@@ -87,19 +95,10 @@ def test_a_request_loading_from_the_tier_waits_deferred():
 
 def test_kv_fetch_stages_follow_a_load():
     """vllm:num_requests_kv_fetch_by_stage (vLLM 0.32, with a loading connector): in_progress
-    while the tier copies the request's blocks, completed_waiting once they are in but it has
-    not run, then nothing; without a tier the family is not exposed."""
-    cfg = SimConfig(profile="h200-qwen3-8b-bf16", max_model_len=131_072, kv_offload="simple-cpu",
-                    offload_gb=8)
-    eng = build_engine(cfg).engine
-    eng.use_virtual_clock()
+    while the tier copies the request's blocks, nothing once it has run; without a tier the
+    family is not exposed."""
+    eng, req = _tier_load_behind_a_cold_prompt()
     st = eng.stats
-    hashes = [hash(("t", b)) for b in range(PROMPT // 16)]
-    eng.offload.store_many(hashes)
-    req = SimRequest(rid="t", prompt_len=PROMPT, max_tokens=4, block_hashes=hashes)
-    cold = SimRequest(rid="c", prompt_len=1_000, max_tokens=4, block_hashes=[hash(("c", b)) for b in range(62)])
-    eng.submit(cold)
-    eng.submit(req)
     seen = []
     while eng.step_offline():
         st.render()

@@ -2,7 +2,7 @@
 each owns). Adding a connector = one class in this package + its entry in CONNECTORS."""
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Iterable, Literal, Union
 
 from pydantic import BeforeValidator, Discriminator, Tag
 
@@ -33,6 +33,17 @@ def by_vllm_name(name: str | None) -> type[Connector] | None:
     return next((c for c in CONNECTORS if c.vllm_name and c.vllm_name == name), None)
 
 
+def by_families(families: Iterable[str]) -> type[Connector] | None:
+    """The connector whose own load/store counters the server declares. A family's HELP and
+    TYPE lines are exposed from start-up, before its first sample (prometheus_client), so a run
+    against a URL learns the connector, and with it the store policy, at its first scrape."""
+    names = {f.removesuffix("_total") for f in families}
+    for c in CONNECTORS:
+        if any(s.sample.removesuffix("_total") in names for s in (*c.loads, *c.stores)):
+            return c
+    return None
+
+
 def _kind_of(value: object) -> str | None:
     return value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
 
@@ -51,4 +62,4 @@ Offload = Annotated[
 
 __all__ = ["CONNECTORS", "KINDS", "Kind", "Offload", "Connector", "Launch", "Signal", "dram",
            "NoOffload", "SimpleCPU", "Mooncake", "LMCache",
-           "SimMetrics", "StorePolicy", "Tier", "connector", "by_vllm_name"]
+           "SimMetrics", "StorePolicy", "Tier", "connector", "by_vllm_name", "by_families"]

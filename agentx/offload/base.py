@@ -54,6 +54,13 @@ class Tier:
     budget: dram.DramBudget | None = None
     total_bytes: int | None = None
     per_rank_gib: float | None = None
+    held_fraction: float = 1.0  # share of total_bytes the store keeps filled (its eviction rule)
+
+    @property
+    def held_bytes(self) -> int | None:
+        """The bytes the tier holds in steady state: what the cache theory and the simulator
+        size it by (below total_bytes where the store evicts before it is full)."""
+        return int(self.total_bytes * self.held_fraction) if self.total_bytes is not None else None
 
     @property
     def allocated_gb(self) -> int | None:

@@ -68,6 +68,10 @@ class Mooncake(Budgeted):
     eviction_high_watermark_ratio: float = opt(0.80, "mooncake_master eviction watermark",
                                                gt=0.0, le=1.0)
     eviction_ratio: float = opt(0.10, "mooncake_master share evicted per pass", gt=0.0, le=1.0)
+    load_async: bool = opt(True, "kv_connector_extra_config.load_async: loads overlap compute "
+                           "(vLLM's worker asserts it is true)")
+    lookup_async: bool = opt(False, "kv_connector_extra_config.lookup_async: the scheduler does "
+                             "not wait on the store's existence check (vLLM's default: false)")
 
     vllm_name = "MooncakeStoreConnector"
     store = StorePolicy(eager=True)
@@ -85,8 +89,31 @@ class Mooncake(Budgeted):
                                      buffer_gib=self.local_buffer_gib)
         b.steps.append(f"global_segment_size \"{per_rank}GB\" (vLLM's Mooncake config reads "
                        f"GB as 2^30 bytes: {per_rank * dram.GIB:,} bytes)")
+        held = self.held_fraction()
+        b.steps.append(f"held in steady state: x {held:.2f} (mooncake_master evicts "
+                       f"{self.eviction_ratio:.0%} of its keys each time it passes "
+                       f"{self.eviction_high_watermark_ratio:.0%} full, so it holds between "
+                       f"{self.eviction_high_watermark_ratio * (1 - self.eviction_ratio):.0%} "
+                       f"and {self.eviction_high_watermark_ratio:.0%}): the size the cache "
+                       "theory uses")
         return Tier(self.kind, ranks, budget=b, total_bytes=per_rank * dram.GIB * ranks,
-                    per_rank_gib=per_rank)
+                    per_rank_gib=per_rank, held_fraction=held)
+
+    def held_fraction(self) -> float:
+        """The share of the segment the store keeps filled: its mean between the watermark and
+        one eviction pass below it (master_service.cpp BatchEvict: evict `eviction_ratio` of the
+        keys when memory passes `eviction_high_watermark_ratio`; seen on the H200, 2026-12-03:
+        passes at 80.7-81.9 %, each evicting 10.7-11.9 % of the keys)."""
+        hw, r = self.eviction_high_watermark_ratio, self.eviction_ratio
+        return hw * (1 - r / 2)
+
+    def extra_config(self) -> dict[str, bool]:
+        """vLLM's MooncakeStoreScheduler reads these two keys; lookup_async is written only
+        when set, so the default render stays what InferenceX's scripts pass."""
+        out = {"load_async": self.load_async}
+        if self.lookup_async:
+            out["lookup_async"] = True
+        return out
 
     def render(self, tier: Tier, *, port: int, workdir: Path) -> Launch:
         master_port = self.master_port or port + PORT_OFFSET
@@ -103,6 +130,6 @@ class Mooncake(Budgeted):
                   f"--eviction_ratio={self.eviction_ratio:.2f}"]
         # identical prefixes must hash to identical store keys in every rank
         return Launch({"kv_connector": self.vllm_name, "kv_role": "kv_both",
-                       "kv_connector_extra_config": {"load_async": True}},
+                       "kv_connector_extra_config": self.extra_config()},
                       env={"MOONCAKE_CONFIG_PATH": config_path, "PYTHONHASHSEED": "0"},
                       files={config_path: config}, sidecars=[master])

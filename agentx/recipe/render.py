@@ -228,7 +228,7 @@ def _kv_offload(recipe: Recipe, point: Point, port: int, workdir: Path,
                 host_mib: int | None, out: Rendered) -> dict | None:
     c = recipe.offload(point)
     t = c.plan(point.gpus, host_mib)
-    out.kv_offload, out.offload_bytes = t.kind, t.total_bytes
+    out.kv_offload, out.offload_bytes = t.kind, t.held_bytes
     out.allocated_dram_gb = t.allocated_gb
     if t.budget is not None:
         out.dram_steps = t.budget.steps

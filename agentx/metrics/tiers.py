@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from agentx import offload
 from agentx.metrics.prom import Snapshot
-from agentx.prefix_cache import Admission, TieredCache
+from agentx.prefix_cache import Admission, TieredCache, sent_keys
 from agentx.prompt.synth import Conversation, SynthConfig
 from agentx.prompt.token_model import builtin_model
 from agentx.trace.model import Subagent, Trace, TraceSet, Turn
@@ -104,13 +104,13 @@ def replay_theory(records: list[dict], traces: TraceSet, *, context_scale: float
                   ) -> dict[str, tuple[int, int]]:
     """The pool-aware expected hits of a run's requests, recomputed from its records: each
     request's block keys as the engine derives them (`Conversation.block_keys` of its trace
-    turn, `turn` counting the trace's Turn steps as Engine._open does, namespaced per session
-    instance; the run's salt is not recorded, but any salt gives the same equalities),
-    submitted to a `TieredCache` at `start_ns`, settled and finished at `end_ns`, in time
-    order, as Engine._request does. Returns request_id -> (expected tokens through GPU + tier,
-    the tier's share), as `cached_expected_pool` / `cached_expected_offload`; requests never
-    sent are left out. One worker's view: a run split over workers gave each a share of the
-    pool (agentx.run)."""
+    turn cut to the prompt as sent, `sent_keys`; `turn` counting the trace's Turn steps as
+    Engine._open does, namespaced per session instance; the run's salt is not recorded, but
+    any salt gives the same equalities), submitted to a `TieredCache` at `start_ns`, settled
+    and finished at `end_ns`, in time order, as Engine._request does. Returns request_id ->
+    (expected tokens through GPU + tier, the tier's share), as `cached_expected_pool` /
+    `cached_expected_offload`; requests never sent are left out. One worker's view: a run
+    split over workers gave each a share of the pool (agentx.run)."""
     by_id = _traces_by_id(traces)
     turns = {tid: [s for s in t.steps if isinstance(s, Turn)] for tid, t in by_id.items()}
     bs_tokens = traces.block_size * context_scale
@@ -132,7 +132,8 @@ def replay_theory(records: list[dict], traces: TraceSet, *, context_scale: float
                                   context_scale=context_scale)
                 convs[sid] = Conversation(by_id[r["trace_id"]], instance.split("/", 1)[0],
                                           cfg, tm)
-            keys = convs[sid].block_keys(turns[r["trace_id"]][r["turn"]].hash_ids)
+            keys = sent_keys(convs[sid].block_keys(turns[r["trace_id"]][r["turn"]].hash_ids),
+                             r["isl_intended"], bs_tokens)
             tickets[i] = cache.submit(keys)
             continue
         a = tickets[i]

@@ -1,15 +1,20 @@
 """The pool-aware (tiered) theory against the simulator it validates: a prompt the client clamped
 to the server's max_model_len is modelled as sent, not as its whole trace turn; the issue's
 configuration (MiniMax-M3 TP8, 300k-token pool, 200 GB SimpleCPUOffload tier, 24 lanes)
-passes validation."""
+passes validation; over a seeded sample of configurations around the working set, each
+connector's store policy, the theory is within 5 points of what the simulator achieves, or the
+configuration sits where the theory cannot say (its band, docs/metrics.md) and validation
+accepts it."""
 from __future__ import annotations
 
 import json
+import os
+import random
 
 import pytest
 
 from agentx.cli import main
-from agentx.metrics.tiers import replay_theory
+from agentx.metrics.tiers import replay_theory, theory_band
 from agentx.prefix_cache import sent_keys
 from agentx.trace.model import Trace, TraceSet, Turn
 
@@ -52,6 +57,33 @@ def test_a_clamped_turn_does_not_flush_the_tier():
     assert pred["b0"] == (0, 0)
 
 
+def test_the_band_is_wide_on_the_cliff_and_a_point_elsewhere():
+    """The same three requests: a 30-block tier holds exactly what fell out of the 10-block
+    pool (`small`'s 20 blocks and `big`'s last 10), so 10% less loses the 4 blocks of `small`
+    stored first (its tail) and the band spans 16..20 of its blocks; a tier twice as large
+    keeps them whatever the 10%: a band of one value."""
+    records = [_record("s0", "small", 0, 0, 0, 20 * BS), _record("b0", "big", 0, 1, 1, 20 * BS),
+               _record("s1", "small", 1, 0, 2, 25 * BS)]
+    for r in records:
+        r.update(ok=True, warmup=r["request_id"] == "s0")
+    share = 20 / 45  # s1's hit over the measured prompts (b0 and s1)
+
+    def band(tier_blocks: int) -> dict:
+        pred = replay_theory(records, _traces(), context_scale=1.0, pool_tokens=10 * BS,
+                             tier_tokens=tier_blocks * BS)
+        rate = sum(pred[r][0] for r in ("b0", "s1")) / (45 * BS)
+        cache = {"offload_tokens": tier_blocks * BS, "kv_pool_tokens": 10 * BS,
+                 "offload_eager": False, "theoretical_hit_rate_pool": rate,
+                 "theoretical_hit_rate_offload": rate}
+        return theory_band(records, _traces(), cache, context_scale=1.0)
+
+    cliff = band(30)
+    assert cliff["pool"] == [pytest.approx(16 / 45), pytest.approx(share)]
+    assert cliff["offload"] == cliff["pool"] and cliff["gpu"] == [0.0, 0.0]
+    assert band(60)["pool"] == [pytest.approx(share)] * 2
+    assert theory_band(records, _traces(), {"kv_pool_tokens": 640}, context_scale=1.0) is None
+
+
 @pytest.mark.slow
 def test_the_issue_configuration_passes_validation(tmp_path):
     """serve-sim --kv-pool-tokens 300000 --kv-offload simple-cpu --offload-gb 200 --time-scale 10
@@ -73,3 +105,60 @@ def test_the_issue_configuration_passes_validation(tmp_path):
     assert s["server_metrics"]["external_cache"]["hits"] > 0
     assert abs(c["achieved_hit_rate"] - c["theoretical_hit_rate_pool"]) <= 0.10, c
     assert s["validation"]["verdict"] == "pass", s["validation"]["reasons"]
+
+
+KV_BYTES = 122_880  # h200-minimaxm3-fp8: bytes of one token's KV over the TP8 group
+CONNECTORS = [("simple-cpu", "lazy"), ("simple-cpu", "eager"), ("mooncake", None),
+              ("lmcache", None)]
+# PROPERTY_RUNS=N draws N configurations per connector instead of one (a longer local check)
+PER_CONNECTOR = int(os.environ.get("PROPERTY_RUNS", "1"))
+
+
+def _configurations(seed: int = 34) -> list[dict]:
+    """One seeded draw per connector (store policy): blocks of 16 or 128 tokens, 8-16 lanes,
+    prompts scaled to 5-10% of the swe trace's, think <= 0.5-2 s, the simulator 5-20x real
+    time, and the GPU pool and the tier each 0.3-1.2x and 0.3-2x the working set (lanes x the
+    trace's mean prompt of ~130k tokens, scaled)."""
+    rng = random.Random(seed)
+    out = []
+    for kind, store in CONNECTORS * PER_CONNECTOR:
+        lanes, scale = rng.choice([8, 12, 16]), rng.choice([0.05, 0.1])
+        working_set = lanes * 130_000 * scale
+        out.append({"kind": kind, "store": store, "block": rng.choice([16, 128]),
+                    "lanes": lanes, "scale": scale, "think": rng.choice([0.5, 1.0, 2.0]),
+                    "time_scale": rng.choice([5, 10, 20]), "seed": rng.randrange(1000),
+                    "pool": int(working_set * rng.uniform(0.3, 1.2)),
+                    "tier": int(working_set * rng.uniform(0.3, 2.0))})
+    return out
+
+
+@pytest.mark.parametrize("c", _configurations(), ids=lambda c: f"{c['kind']}-{c['store']}")
+def test_theory_follows_the_simulator(tmp_path, c):
+    """A real run against the embedded simulator (its scheduler, pool and tier), ~10 s. The
+    theory is within 5 points of the achieved hit rate; where it is not, its band (both
+    capacities 10% off) is wider than the validation tolerance, i.e. the configuration sits on
+    the cliff where a revisit's hit depends on the order the server admitted requests in, and
+    the achieved rate is within 5 points of the band. Either way validation's hit-rate and
+    offload checks do not fail the simulator, which serves correctly."""
+    out = tmp_path / "run"
+    argv = ["run", "--trace", "swe", "--conc", str(c["lanes"]), "--duration", "4",
+            "--max-think", str(c["think"]), "--context-scale", str(c["scale"]),
+            "--seed", str(c["seed"]), "--expect-offload", "--no-progress", "-o", str(out),
+            "--validate", "warn", "--sim-block-size", str(c["block"]),
+            "--sim-kv-pool-tokens", str(c["pool"]), "--sim-kv-offload", c["kind"],
+            "--sim-offload-gb", f"{c['tier'] * KV_BYTES / 1e9:.6f}",
+            "--sim-time-scale", str(c["time_scale"])]
+    if c["store"]:
+        argv += ["--sim-offload-store", c["store"]]
+    assert main(argv) == 0
+    s = json.loads((out / "summary.json").read_text())
+    cache = s["cache"]
+    achieved, theory = cache["achieved_hit_rate"], cache["theoretical_hit_rate_pool"]
+    band = cache["theory_band"]["pool"]
+    assert cache["offload_tokens"] and cache["offload_eager"] == (c["store"] != "lazy")
+    if abs(achieved - theory) > 0.05:
+        assert band[1] - band[0] > 0.10, (achieved, theory, band)
+        assert band[0] - 0.05 <= achieved <= band[1] + 0.05, (achieved, band)
+    checks = {x["name"]: x for x in s["validation"]["checks"]}
+    for name in ("prefix_hit_rate", "offload_hits"):
+        assert checks[name]["ok"] is not False, checks[name]

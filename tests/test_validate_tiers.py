@@ -104,3 +104,18 @@ def test_offload_hits_are_not_required_where_the_theory_expects_none():
     expects some, none coming back still fails."""
     assert _offload_check(0.0)["ok"] is None
     assert _offload_check(0.20)["ok"] is False
+
+
+MOONCAKE = ("# HELP vllm:mooncake_store_operation_keys_total Keys touched.\n"
+            "# TYPE vllm:mooncake_store_operation_keys_total counter\n")
+
+
+def test_a_mooncake_server_is_modelled_as_an_eager_tier():
+    """vLLM 0.24 with MooncakeStoreConnector says neither the tier's size nor its connector's
+    name; its own families (declared before any operation) say the store is eager, and with
+    --offload-tokens the tier is modelled so (it was lazy before: mc-r1 of h200-runs-3)."""
+    snap = parse_metrics(CACHE + MOONCAKE)
+    assert offload_tier(snap) == {"offload_tokens": None, "offload_eager": True,
+                                  "offload_source": None}
+    assert resolve(429_616, snap)["offload_eager"] is True
+    assert resolve(429_616, parse_metrics(CACHE))["offload_eager"] is False  # nothing said

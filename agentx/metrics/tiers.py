@@ -10,7 +10,9 @@ Sources, first found wins:
 Tokens = blocks x the GPU block size (`cache_config_info{block_size}`): the CPU pool is
 derived from the GPU's KV cache config, same block size (`_derive_cpu_config`). Where the
 server names its connector (`kv_offloading_backend`: the simulator writes the kv_connector
-name), the store mode is that connector's policy (agentx.offload); else eager.
+name), the store mode is that connector's policy (agentx.offload); else eager. A server that
+says neither size nor name but exposes a connector's own families (Mooncake's
+vllm:mooncake_store_operation_*) gets that connector's store mode.
 LMCache (LMCacheConnectorV1) on vLLM 0.32 exposes neither its size nor its store mode: give
 `--offload-tokens` (LMCACHE_MAX_LOCAL_CPU_SIZE GiB x ranks over the KV bytes of one token);
 it stores eagerly. Its 256-token chunks are not modelled by the theory (a hit may end up to
@@ -59,7 +61,22 @@ def offload_tier(snap: Snapshot | None) -> dict:
         return {"offload_tokens": sum(cpu) * block_size,
                 "offload_eager": c.store.eager if c is not None else True,
                 "offload_source": CACHE_CONFIG}
+    c = _exposed_connector(snap)
+    if c is not None:  # its size unknown (--offload-tokens gives it), its store mode known
+        out["offload_eager"] = c.store.eager
     return out
+
+
+def _exposed_connector(snap: Snapshot) -> type[offload.Connector] | None:
+    """The connector whose own families the server exposes (declared, samples or not: a
+    labelled counter shows only its HELP/TYPE lines before its first operation), e.g.
+    MooncakeStoreConnector's vllm:mooncake_store_operation_*: a Mooncake server run with
+    `--offload-tokens` was modelled as a lazy tier before (mc-r1 of h200-runs-3)."""
+    for c in offload.CONNECTORS:
+        for sig in c.loads + c.stores:
+            if snap.has(sig.sample) or sig.sample.removesuffix("_total") in snap.families:
+                return c
+    return None
 
 
 def resolve(offload_tokens: int | None, snap: Snapshot | None,

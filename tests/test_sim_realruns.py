@@ -78,8 +78,8 @@ def _cells(out: str, label: str) -> list[str]:
 def test_cli_judges_a_run_against_its_group():
     """One replay of offb-r2: its table shows the group's real range of every bounded figure
     (computed here from the three runs' records) and judges the simulated median by it."""
-    p = subprocess.run([sys.executable, str(REPO / "bench" / "sim_vs_real.py"), "--runs", "offb-r2"],
-                       capture_output=True, text=True, timeout=120, cwd=REPO)
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "sim_vs_real.py"),
+                        "--runs", "offb-r2"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert p.returncode == 0, p.stderr
     out = p.stdout
     assert "### offb-r2 (32 lanes, group of 3 real runs)" in out

@@ -124,7 +124,7 @@ def _configurations(seed: int = 34) -> list[dict]:
     for kind, store in CONNECTORS * PER_CONNECTOR:
         lanes, scale = rng.choice([8, 12, 16]), rng.choice([0.05, 0.1])
         working_set = lanes * 130_000 * scale
-        out.append({"kind": kind, "store": store, "block": rng.choice([16, 128]),
+        out.append({"kind": kind, "store": store, "block": rng.choice([16, 128]), "duration": 3,
                     "lanes": lanes, "scale": scale, "think": rng.choice([0.5, 1.0, 2.0]),
                     "time_scale": rng.choice([5, 10, 20]), "seed": rng.randrange(1000),
                     "pool": int(working_set * rng.uniform(0.3, 1.2)),
@@ -132,16 +132,11 @@ def _configurations(seed: int = 34) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("c", _configurations(), ids=lambda c: f"{c['kind']}-{c['store']}")
-def test_theory_follows_the_simulator(tmp_path, c):
-    """A real run against the embedded simulator (its scheduler, pool and tier), ~10 s. The
-    theory is within 5 points of the achieved hit rate; where it is not, its band (both
-    capacities 10% off) is wider than the validation tolerance, i.e. the configuration sits on
-    the cliff where a revisit's hit depends on the order the server admitted requests in, and
-    the achieved rate is within 5 points of the band. Either way validation's hit-rate and
-    offload checks do not fail the simulator, which serves correctly."""
+def _simulated(tmp_path, c: dict) -> dict:
+    """A real run of configuration `c` against the embedded simulator: its summary."""
     out = tmp_path / "run"
-    argv = ["run", "--trace", "swe", "--conc", str(c["lanes"]), "--duration", "4",
+    argv = ["run", "--trace", "swe", "--conc", str(c["lanes"]),
+            "--duration", str(c["duration"]),
             "--max-think", str(c["think"]), "--context-scale", str(c["scale"]),
             "--seed", str(c["seed"]), "--expect-offload", "--no-progress", "-o", str(out),
             "--validate", "warn", "--sim-block-size", str(c["block"]),
@@ -151,7 +146,25 @@ def test_theory_follows_the_simulator(tmp_path, c):
     if c["store"]:
         argv += ["--sim-offload-store", c["store"]]
     assert main(argv) == 0
-    s = json.loads((out / "summary.json").read_text())
+    return json.loads((out / "summary.json").read_text())
+
+
+def _hit_checks_pass(s: dict) -> None:
+    checks = {x["name"]: x for x in s["validation"]["checks"]}
+    for name in ("prefix_hit_rate", "offload_hits"):
+        assert checks[name]["ok"] is not False, checks[name]
+
+
+@pytest.mark.parametrize("c", _configurations(), ids=lambda c: f"{c['kind']}-{c['store']}")
+def test_theory_follows_the_simulator(tmp_path, c):
+    """A real run against the embedded simulator (its scheduler, pool and tier), 3 s after its
+    warm-up (~10 s in all). The
+    theory is within 5 points of the achieved hit rate; where it is not, its band (both
+    capacities 10% off) is wider than the validation tolerance, i.e. the configuration sits on
+    the cliff where a revisit's hit depends on the order the server admitted requests in, and
+    the achieved rate is within 5 points of the band. Either way validation's hit-rate and
+    offload checks do not fail the simulator, which serves correctly."""
+    s = _simulated(tmp_path, c)
     cache = s["cache"]
     achieved, theory = cache["achieved_hit_rate"], cache["theoretical_hit_rate_pool"]
     band = cache["theory_band"]["pool"]
@@ -159,6 +172,19 @@ def test_theory_follows_the_simulator(tmp_path, c):
     if abs(achieved - theory) > 0.05:
         assert band[1] - band[0] > 0.10, (achieved, theory, band)
         assert band[0] - 0.05 <= achieved <= band[1] + 0.05, (achieved, band)
-    checks = {x["name"]: x for x in s["validation"]["checks"]}
-    for name in ("prefix_hit_rate", "offload_hits"):
-        assert checks[name]["ok"] is not False, checks[name]
+    _hit_checks_pass(s)
+
+
+def test_on_the_cliff_the_band_is_wide_and_validation_accepts(tmp_path):
+    """A configuration on the cliff (12 lanes of prompts at 2% of the trace's, a 23k-token
+    pool, a 33k-token eager tier: the working set a little larger than the tier): two runs of
+    it achieved 4.6% and 1.2% against a theory of 19.1% and 0.0%. The band spans more than the
+    tolerance and validation judges the achieved rate by it."""
+    s = _simulated(tmp_path, {"kind": "simple-cpu", "store": "eager", "block": 16, "lanes": 12,
+                              "scale": 0.02, "think": 2.0, "time_scale": 10, "seed": 807,
+                              "duration": 6,
+                              "pool": 23_271, "tier": 33_200})
+    band = s["cache"]["theory_band"]["pool"]
+    assert band[1] - band[0] > 0.10, band
+    assert band[0] - 0.05 <= s["cache"]["achieved_hit_rate"] <= band[1] + 0.05
+    _hit_checks_pass(s)

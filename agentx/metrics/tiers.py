@@ -182,8 +182,8 @@ def theory_band(records: list[dict], traces: TraceSet, cache: dict, *, context_s
     blocks. The theory follows the client's timestamps, not the server's steps, so there it
     can be far from what a correct server achieves (issue 34, a simulator run: 19.1% predicted,
     4.6% achieved; 14.2% and 47.5% with both capacities 10% smaller and larger); away from the
-    cliff the band is a point or two wide. Validation accepts the achieved rate anywhere in the band (widened by its
-    tolerance) instead of failing a working server."""
+    cliff the band is a point or two wide. Validation accepts the achieved rate anywhere in
+    the band (widened by its tolerance) instead of failing a working server."""
     tier, pool = cache.get("offload_tokens"), cache.get("kv_pool_tokens")
     nominal = tier_theory(cache)
     if not tier or not pool or nominal is None:

@@ -372,7 +372,15 @@ class TieredCache:
         out of the GPU. Not modelled: what the allocator takes before the walk reaches it is
         never stored (sim/offload.py; its cost: docs/server-metrics.md);
       * eager store (SimpleCPUOffload's default, Mooncake): every newly computed block of a
-        request is copied, so the tier also mirrors what the GPU holds.
+        request is copied, so the tier also mirrors what the GPU holds;
+      * `whole` (MooncakeStoreConnector, vllm/distributed/kv_transfer/kv_connector/v1/mooncake/
+        store/): the lookup counts the store's leading hit from the prompt's first block
+        (`get_num_new_matched_tokens` -> `lookup(token_len, block_hashes)`, the longest cached
+        prefix) and loads what of it lies past the GPU's hit, nothing when it ends before; the
+        save puts every block of the prompt the store lacks, from the first (`RequestTracker`
+        starts at `num_saved_tokens=0`; `batch_is_exist` skips those present), GPU hits
+        included. Used by the tier replay (bench/tier_replay.py --store mooncake); the client's
+        live model and the simulator model Mooncake as `eager`.
 
     The server's waiting queue (`queue=True`, the replay engine's setting): `submit` at send,
     `settle` once the response is in (its hits are then known), `finish` at completion. vLLM
@@ -398,14 +406,15 @@ class TieredCache:
     (capacity None or 0) this is the GPU `PrefixCache` alone."""
 
     def __init__(self, gpu_blocks: int | None, tier_blocks: int | None = None,
-                 eager: bool = False, queue: bool = True) -> None:
+                 eager: bool = False, queue: bool = True, whole: bool = False) -> None:
         self.gpu = PrefixCache(gpu_blocks)
         self.tier = PrefixCache(tier_blocks) if tier_blocks and gpu_blocks is not None else None
-        self.eager = eager
+        self.eager = eager or whole
+        self.whole = whole
         self.queue = queue
         self.waiting: deque[Admission] = deque()  # submitted, not admitted yet (FCFS)
         self.last_tier_hits = 0
-        if self.tier is not None and not eager:
+        if self.tier is not None and not self.eager:
             tier = self.tier
             self.gpu.on_evict = tier.store_each
 
@@ -445,12 +454,15 @@ class TieredCache:
             return
         n = len(keys) if limit is None else min(limit, len(keys))
         dev = yield from self.gpu._hits_steps(keys, 0, n)
-        host = (yield from tier._hits_steps(keys, dev, n)) - dev
+        if self.whole:  # the store's own leading hit, from the first block
+            host = max(0, (yield from tier._hits_steps(keys, 0, n)) - dev)
+        else:
+            host = (yield from tier._hits_steps(keys, dev, n)) - dev
         tier.touch(keys[dev:dev + host])
         # lazy: GPU evictions store into the tier here
         yield from self.gpu.acquire_steps(keys, limit, a.uncached)
         if self.eager:
-            yield from tier.store_steps(keys[dev + host:])
+            yield from tier.store_steps(keys if self.whole else keys[dev + host:])
         a.hits, a.tier_hits = dev + host, host
         self.last_tier_hits = host
 

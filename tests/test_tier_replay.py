@@ -17,6 +17,7 @@ import pytest
 
 from agentx.cli import main
 from agentx.metrics.tiers import replay_theory
+from agentx.prefix_cache import TieredCache
 from agentx.trace.load import load_traces
 
 DATA = Path(__file__).parent / "data"
@@ -111,13 +112,40 @@ def test_repeats_of_offb_are_within_five_points(swe, rep):
     assert abs(predicted - achieved) <= 0.05, (predicted, achieved)
 
 
+def _mooncake_case(whole: bool) -> tuple[int, int, TieredCache]:
+    """A 6-block GPU pool and a 4-block store that has lost a prompt's head (blocks 1-4) while
+    the GPU keeps it, but holds its blocks 5-6: (hits, tier hits) of the prompt extended by
+    block 7, and the cache after it."""
+    c = TieredCache(6, 4, eager=True, whole=whole)
+    for keys in ([1, 2, 3, 4], [1, 2, 3, 4, 5, 6], [11, 12]):
+        c.acquire(keys)
+        c.release(keys)
+    hits = c.acquire([1, 2, 3, 4, 5, 6, 7])
+    return hits, c.last_tier_hits, c
+
+
+def test_mooncake_looks_the_store_up_from_the_first_block_and_saves_the_whole_prompt():
+    """MooncakeStoreConnector counts the store's leading hit from the prompt's first block, so a
+    store without blocks 1-4 loads nothing even though it has 5-6 past the GPU's hit (an eager
+    tier looked up from the GPU's end loads them); and it saves every block of the prompt it
+    lacks, the GPU's hits included."""
+    hits, tier_hits, eager = _mooncake_case(whole=False)
+    assert (hits, tier_hits) == (6, 2)
+    assert 2 not in eager.tier
+    hits, tier_hits, mooncake = _mooncake_case(whole=True)
+    assert (hits, tier_hits) == (4, 0)
+    assert all(k in mooncake.tier for k in (2, 3, 4, 7))  # saved again / newly
+
+
 @pytest.mark.parametrize("path", MOONCAKE_RUNS, ids=lambda p: p.name)
 def test_mooncake_tier_model_on_real_records(swe, path):
-    """Real Mooncake runs, replayed with an eager tier in the server's waiting queue: within 5
-    points of the hit rate vLLM reported, and some of it from the tier."""
+    """Real Mooncake runs, replayed with MooncakeStoreConnector's lookup and save (`whole`) in
+    the server's waiting queue: within 5 points of the hit rate vLLM reported, and some of it
+    from the tier. (`whole=False`: the eager tier the client's live model uses.)"""
     records, summary = _run(path)
-    pred = _replay(records, summary, swe, summary["cache"]["offload_tokens"], queue=True,
-                   eager=True)
+    pred = replay_theory(records, swe, context_scale=summary["config"]["context_scale"],
+                         pool_tokens=summary["cache"]["kv_pool_tokens"],
+                         tier_tokens=summary["cache"]["offload_tokens"], eager=True, whole=True)
     achieved, predicted = _rates(records, pred)
     assert abs(predicted - achieved) <= 0.05, (predicted, achieved)
     assert summary["server_metrics"]["external_cache"]["hits"] > 0
@@ -126,8 +154,8 @@ def test_mooncake_tier_model_on_real_records(swe, path):
 def test_a_mooncake_run_replays_with_an_eager_tier(tmp_path):
     """The replay machinery on a Mooncake configuration: a simulator run with
     MooncakeStoreConnector's store policy (eager) on a pool a fifth of the working set, replayed
-    by bench/tier_replay.py --store eager: within 5 points of the achieved rate, most of it
-    from the tier."""
+    by bench/tier_replay.py --store eager and --store mooncake (MooncakeStoreConnector's lookup
+    and save): within 5 points of the achieved rate, most of it from the tier."""
     out = tmp_path / "mc"
     assert main(["run", "--trace", "swe", "--conc", "12", "--duration", "4", "--max-think", "1",
                  "--context-scale", "0.1", "--expect-offload", "--no-progress", "-o", str(out),
@@ -136,14 +164,15 @@ def test_a_mooncake_run_replays_with_an_eager_tier(tmp_path):
                  "--sim-time-scale", "10"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["cache"]["offload_eager"] is True
-    p = subprocess.run([sys.executable, str(REPO / "bench" / "tier_replay.py"),
-                        str(out / "requests.jsonl"), "--store", "eager"],
-                       capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert p.returncode == 0, p.stderr
-    lines = p.stdout.splitlines()
-    assert lines[0].endswith("eager store")
-    (queued,) = [line for line in lines if line.strip().startswith("queued  ")]
-    words = queued.split()
-    achieved, predicted = float(words[2]), float(words[4])
-    tier = float(words[6].rstrip(")"))
-    assert abs(predicted - achieved) <= 0.05 and tier > 0.5 * predicted, queued
+    for store in ("eager", "mooncake"):
+        p = subprocess.run([sys.executable, str(REPO / "bench" / "tier_replay.py"),
+                            str(out / "requests.jsonl"), "--store", store],
+                           capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert p.returncode == 0, p.stderr
+        lines = p.stdout.splitlines()
+        assert lines[0].endswith(f"{store} store")
+        (queued,) = [line for line in lines if line.strip().startswith("queued  ")]
+        words = queued.split()
+        achieved, predicted = float(words[2]), float(words[4])
+        tier = float(words[6].rstrip(")"))
+        assert abs(predicted - achieved) <= 0.05 and tier > 0.5 * predicted, (store, queued)

@@ -118,7 +118,7 @@ def _traces_by_id(traces: TraceSet) -> dict[str, Trace]:
 
 def replay_theory(records: list[dict], traces: TraceSet, *, context_scale: float,
                   pool_tokens: int, tier_tokens: int | None, eager: bool = False,
-                  queue: bool = True, shared_prefix: str = "none"
+                  queue: bool = True, shared_prefix: str = "none", whole: bool = False
                   ) -> dict[str, tuple[int, int]]:
     """The pool-aware expected hits of a run's requests, recomputed from its records: each
     request's block keys as the engine derives them (`Conversation.block_keys` of its trace
@@ -128,12 +128,14 @@ def replay_theory(records: list[dict], traces: TraceSet, *, context_scale: float
     and finished at `end_ns`, in time order, as Engine._request does. Returns request_id ->
     (expected tokens through GPU + tier, the tier's share), as `cached_expected_pool` /
     `cached_expected_offload`; requests never sent are left out. One worker's view: a run
-    split over workers gave each a share of the pool (agentx.run)."""
+    split over workers gave each a share of the pool (agentx.run). `whole`:
+    MooncakeStoreConnector's lookup and save (`TieredCache`)."""
     by_id = _traces_by_id(traces)
     turns = {tid: [s for s in t.steps if isinstance(s, Turn)] for tid, t in by_id.items()}
     bs_tokens = traces.block_size * context_scale
     cache = TieredCache(int(pool_tokens / bs_tokens),
-                        int(tier_tokens / bs_tokens) if tier_tokens else None, eager, queue)
+                        int(tier_tokens / bs_tokens) if tier_tokens else None, eager, queue,
+                        whole)
     tm = builtin_model()  # keys need the block factory's namespace hash only
     convs: dict[str, Conversation] = {}
     events = sorted(ev for i, r in enumerate(records) if r["start_ns"]

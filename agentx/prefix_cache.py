@@ -47,6 +47,7 @@ machine, other work running).
 from __future__ import annotations
 
 import heapq
+import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 
@@ -58,6 +59,17 @@ from .aio import Steps, run_steps
 STEP_BLOCKS = 256
 SHARDS = 64  # see PrefixCache
 _MASK = SHARDS - 1
+
+
+def sent_keys(keys: Sequence[Hashable], prompt_tokens: int,
+              block_tokens: float) -> Sequence[Hashable]:
+    """The keys of the blocks a prompt of `prompt_tokens` tokens has, out of its trace turn's
+    `keys` (`block_tokens` tokens each). The same keys unless the client clamped the prompt
+    (to the server's max_model_len, SynthConfig.max_prompt_tokens): the server then sees,
+    caches, holds and offloads only the clamped prompt's blocks. Modelling the whole turn
+    instead made one 635k-token turn clamped to 300k flush 40% of a 1.6M-token tier at each
+    revisit, and the theory fell to 9% against the simulator's 27% (issue 34)."""
+    return keys[:math.ceil(prompt_tokens / block_tokens)]
 
 
 class PrefixCache:
@@ -360,7 +372,15 @@ class TieredCache:
         out of the GPU. Not modelled: what the allocator takes before the walk reaches it is
         never stored (sim/offload.py; its cost: docs/server-metrics.md);
       * eager store (SimpleCPUOffload's default, Mooncake): every newly computed block of a
-        request is copied, so the tier also mirrors what the GPU holds.
+        request is copied, so the tier also mirrors what the GPU holds;
+      * `whole` (MooncakeStoreConnector, vllm/distributed/kv_transfer/kv_connector/v1/mooncake/
+        store/): the lookup counts the store's leading hit from the prompt's first block
+        (`get_num_new_matched_tokens` -> `lookup(token_len, block_hashes)`, the longest cached
+        prefix) and loads what of it lies past the GPU's hit, nothing when it ends before; the
+        save puts every block of the prompt the store lacks, from the first (`RequestTracker`
+        starts at `num_saved_tokens=0`; `batch_is_exist` skips those present), GPU hits
+        included. Used by the tier replay (bench/tier_replay.py --store mooncake); the client's
+        live model and the simulator model Mooncake as `eager`.
 
     The server's waiting queue (`queue=True`, the replay engine's setting): `submit` at send,
     `settle` once the response is in (its hits are then known), `finish` at completion. vLLM
@@ -386,14 +406,15 @@ class TieredCache:
     (capacity None or 0) this is the GPU `PrefixCache` alone."""
 
     def __init__(self, gpu_blocks: int | None, tier_blocks: int | None = None,
-                 eager: bool = False, queue: bool = True) -> None:
+                 eager: bool = False, queue: bool = True, whole: bool = False) -> None:
         self.gpu = PrefixCache(gpu_blocks)
         self.tier = PrefixCache(tier_blocks) if tier_blocks and gpu_blocks is not None else None
-        self.eager = eager
+        self.eager = eager or whole
+        self.whole = whole
         self.queue = queue
         self.waiting: deque[Admission] = deque()  # submitted, not admitted yet (FCFS)
         self.last_tier_hits = 0
-        if self.tier is not None and not eager:
+        if self.tier is not None and not self.eager:
             tier = self.tier
             self.gpu.on_evict = tier.store_each
 
@@ -433,12 +454,15 @@ class TieredCache:
             return
         n = len(keys) if limit is None else min(limit, len(keys))
         dev = yield from self.gpu._hits_steps(keys, 0, n)
-        host = (yield from tier._hits_steps(keys, dev, n)) - dev
+        if self.whole:  # the store's own leading hit, from the first block
+            host = max(0, (yield from tier._hits_steps(keys, 0, n)) - dev)
+        else:
+            host = (yield from tier._hits_steps(keys, dev, n)) - dev
         tier.touch(keys[dev:dev + host])
         # lazy: GPU evictions store into the tier here
         yield from self.gpu.acquire_steps(keys, limit, a.uncached)
         if self.eager:
-            yield from tier.store_steps(keys[dev + host:])
+            yield from tier.store_steps(keys if self.whole else keys[dev + host:])
         a.hits, a.tier_hits = dev + host, host
         self.last_tier_hits = host
 

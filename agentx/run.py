@@ -31,7 +31,7 @@ from .metrics.gpu import energy_block
 from .metrics.server_metrics import kv_pool
 from .metrics.summary import dist, summarize
 from .metrics.tiers import resolve as resolve_tier
-from .metrics.tiers import tier_theory
+from .metrics.tiers import theory_band, tier_theory
 from .metrics.window import Window, delivered, headline, measurement_window, server_throughput
 from .plan import split_count, trace_times
 from .prompt.token_model import TokenModel, builtin_model, hf_model
@@ -170,7 +170,8 @@ async def run_async(cfg: RunConfig, target: Target,
     if bad:
         print(f"agentx: warning: skipped {bad} unreadable line(s) of {requests_path}",
               file=sys.stderr)
-    summary = _summary(cfg, results, n_workers, records, scraper, meta, ccfg, tier, lost)
+    summary = _summary(cfg, results, n_workers, records, scraper, meta, ccfg, tier, lost,
+                       traces if not pooled else None)
     win = summary["window"]
     summary["energy"] = energy_block([] if isinstance(gpu, str) else gpu.rows, win["start_ns"],
                                      win["end_ns"], summary["tokens"]["output"],
@@ -337,7 +338,7 @@ def _run_meta(ccfg: ClientConfig, base_url: str, embedded: bool, max_model_len: 
 
 def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records: list[dict],
              scraper: Any, meta: dict, ccfg: ClientConfig, tier: dict | None = None,
-             lost: list[str] = ()) -> dict:
+             lost: list[str] = (), traces: TraceSet | None = None) -> dict:
     # measurement window: from the end of warm-up to the last measured completion
     win = _window(results, records)
     server_metrics = scraper.compute(ccfg.model) if scraper else None
@@ -375,6 +376,10 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
     s["cache"].update(tier or {})
     if s["cache"]["kv_pool_tokens"]:
         s["cache"]["working_set_exceeds_pool"] = sum(x.cache_evictions for x in results) > 0
+    if traces is not None:  # one worker's model: the whole pool (replay_theory)
+        s["cache"]["theory_band"] = theory_band(records, traces, s["cache"],
+                                                context_scale=cfg.context_scale,
+                                                shared_prefix=cfg.shared_prefix)
     s["stop_reason"] = stop_reason({x.stop_reason for x in results} | set(lost))
     s["golden_al"] = cfg.golden_al.model_dump() if cfg.golden_al else None  # the pinned entry
     s.update(meta)  # config, target, labels, run
@@ -425,6 +430,7 @@ def _validate(cfg: RunConfig, s: dict) -> dict:
                                              if s["cache"]["kv_pool_tokens"]
                                              else s["cache"]["theoretical_hit_rate"]),
                        tier_hit_rates=tier_theory(s["cache"]),
+                       theory_band=s["cache"].get("theory_band"),
                        thinking=cfg.thinking,
                        # --scrape-interval 0 turned scraping off: nothing to require of it
                        **({} if cfg.scrape_interval_s > 0 else {"required_families": []}))

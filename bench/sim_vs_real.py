@@ -18,6 +18,12 @@ others with every send time moved by a seeded uniform +-J ms (`--jitter-ms`, rea
 printed per figure are the median over the replays, its error, and the range of the error; the
 bounds are judged on the median, and each run's line says how many replays were within them.
 
+The group rule: real runs of one configuration (realruns.RealRun.group: offb, offb-r1, offb-r2)
+differ from each other by as much as a bound (TTFT p50 8.3-10.2 s), so a simulated figure is
+judged against the group, not one run: within [group min x (1 - bound), group max x (1 + bound)]
+(`group_window`). Beside each figure the group's real range and spread ((max - min) / median) are
+printed. A run alone in its group is judged as before (within +-bound of it).
+
 Run: .venv/bin/python bench/sim_vs_real.py [--runs base,spec32] [--profile PATH] [--set FIELD=VALUE]
      [--replays N [--jitter-ms J]]
 """
@@ -78,48 +84,81 @@ def err(sim: float, real: float) -> float:
     return sim / real - 1 if real else float("nan")
 
 
-def report(name: str, lanes: int, real: dict, sim: dict, bare: dict, out=sys.stdout,
-           replays: list[dict] = ()) -> list[bool]:
-    """Print one run's table; the acceptance checks it passed/failed (for 8-32 lanes). With
-    `replays` (each replay's figures; `sim` and `bare` their medians) a column gives the range
-    of each timing figure's and the throughput's error over them."""
-    n = len(replays)
+def group_window(reals: list[float], bound: float) -> tuple[float, float]:
+    """The values the group rule accepts for a figure whose real values over the group's runs
+    are `reals`: [min x (1 - bound), max x (1 + bound)]."""
+    return min(reals) * (1 - bound), max(reals) * (1 + bound)
 
-    def spread(k: str, q: str | None = None) -> str:
+
+def within_group(sim: float, reals: list[float], bound: float) -> bool:
+    lo, hi = group_window(reals, bound)
+    return lo <= sim <= hi
+
+
+def spread(reals: list[float], digits: int = 2) -> str:
+    """The group's own range of a figure and its width relative to the group's median."""
+    if len(reals) == 1:
+        return "(one run)"
+    mid = statistics.median(reals)
+    return (f"{min(reals):,.{digits}f}..{max(reals):,.{digits}f} "
+            f"({100 * (max(reals) - min(reals)) / mid:.0f}%)" if mid else "n/a")
+
+
+def report(name: str, lanes: int, real: dict, sim: dict, bare: dict, out=sys.stdout,
+           replays: list[dict] = (), group: list[dict] = ()) -> list[bool]:
+    """Print one run's table; the acceptance checks it passed/failed (for 8-32 lanes) under the
+    group rule, `group` being the real figures of every run of its configuration (this one
+    included; empty: this run alone). With `replays` (each replay's figures; `sim` and `bare`
+    their medians) a column gives the range of each timing figure's and the throughput's error
+    over them."""
+    n = len(replays)
+    group = list(group) or [real]
+
+    def err_range(k: str, q: str | None = None) -> str:
         """'| lo..hi% ': the range of the figure's error over the replays ('' without them)."""
         if not n:
             return ""
         es = [err(r[k][q], real[k][q]) if q else err(r[k], real[k]) for r in replays]
         return f"| {100 * min(es):+.1f}..{100 * max(es):+.1f}% "
 
-    print(f"\n### {name} ({lanes} lanes{f', median of {n} replays' if n else ''})\n", file=out)
-    print(f"| figure | real | simulated | error | {'error range | ' if n else ''}bound |", file=out)
-    print(f"|---|---:|---:|---:|{'---:|' if n else ''}---|", file=out)
+    print(f"\n### {name} ({lanes} lanes{f', median of {n} replays' if n else ''}"
+          f"{f', group of {len(group)} real runs' if len(group) > 1 else ''})\n", file=out)
+    print(f"| figure | real | group range (spread) | simulated | error | "
+          f"{'error range | ' if n else ''}bound (group rule) |", file=out)
+    print(f"|---|---:|---:|---:|---:|{'---:|' if n else ''}---|", file=out)
     verdicts = []
     for label, k, q in ROWS:
         e = err(sim[k][q], real[k][q])
+        reals = [g[k][q] for g in group]
         bound = BOUNDS.get(q) if k != "itl" else None
-        ok = bound is None or abs(e) <= bound
+        ok = bound is None or within_group(sim[k][q], reals, bound)
         if bound is not None:
             verdicts.append(ok)
-        print(f"| {label} (ms) | {real[k][q]:,.2f} | {sim[k][q]:,.2f} | {100 * e:+.1f}% {spread(k, q)}| "
+        print(f"| {label} (ms) | {real[k][q]:,.2f} | {spread(reals)} | {sim[k][q]:,.2f} | "
+              f"{100 * e:+.1f}% {err_range(k, q)}| "
               f"{'' if bound is None else ('ok' if ok else 'OUT') + f' (±{bound:.0%})'} |", file=out)
     e = err(sim["tok_s"], real["tok_s"])
-    verdicts.append(abs(e) <= 0.05)
-    print(f"| throughput (tok/s) | {real['tok_s']:,.0f} | {sim['tok_s']:,.0f} | {100 * e:+.1f}% {spread('tok_s')}| "
-          f"{'ok' if abs(e) <= 0.05 else 'OUT'} (±5%) |", file=out)
+    reals = [g["tok_s"] for g in group]
+    ok = within_group(sim["tok_s"], reals, 0.05)
+    verdicts.append(ok)
+    print(f"| throughput (tok/s) | {real['tok_s']:,.0f} | {spread(reals, 0)} | "
+          f"{sim['tok_s']:,.0f} | {100 * e:+.1f}% {err_range('tok_s')}| "
+          f"{'ok' if ok else 'OUT'} (±5%) |", file=out)
     blank = "| " if n else ""
-    print(f"| hit rate | {real['hit']:.1%} | {sim['hit']:.1%} | {100 * (sim['hit'] - real['hit']):+.1f} pt | "
-          f"{blank}|", file=out)
+    hits = [g["hit"] for g in group]
+    print(f"| hit rate | {real['hit']:.1%} | "
+          f"{'(one run)' if len(hits) == 1 else f'{min(hits):.1%}..{max(hits):.1%}'} | "
+          f"{sim['hit']:.1%} | {100 * (sim['hit'] - real['hit']):+.1f} pt | {blank}|", file=out)
     rp = real["preemptions"]
-    print(f"| preemptions (whole run) | {'n/a' if rp is None else f'{rp:,.0f}'} | {sim['preemptions']:,g} | | "
-          f"{blank}|", file=out)
+    print(f"| preemptions (whole run) | {'n/a' if rp is None else f'{rp:,.0f}'} | | "
+          f"{sim['preemptions']:,g} | | {blank}|", file=out)
     for label, k in (("server queue mean", "queue"), ("server prefill mean", "prefill"),
                      ("front end mean", "frontend")):
-        print(f"| {label} (ms) | n/a | {sim[k]:,.2f} | | {blank}|", file=out)
+        print(f"| {label} (ms) | n/a | | {sim[k]:,.2f} | | {blank}|", file=out)
     for q in ("p50", "p90"):
-        print(f"| engine alone: TTFT {q} (ms) | {real['ttft'][q]:,.2f} | {bare['ttft'][q]:,.2f} | "
-              f"{100 * err(bare['ttft'][q], real['ttft'][q]):+.1f}% | {blank}|", file=out)
+        print(f"| engine alone: TTFT {q} (ms) | {real['ttft'][q]:,.2f} | | "
+              f"{bare['ttft'][q]:,.2f} | {100 * err(bare['ttft'][q], real['ttft'][q]):+.1f}% | "
+              f"{blank}|", file=out)
     return verdicts
 
 
@@ -139,10 +178,15 @@ def main() -> None:
     want = set(filter(None, args.runs.split(",")))
     traces = None
     summary_rows = []
-    for run in runs(DATA):
+    every = runs(DATA)
+    groups = {r.group for r in every if not want or r.name in want}
+    loaded = {r.name: r.load() for r in every if r.group in groups}
+    reals = {name: real_figures(recs, summ) for name, (_, recs, summ) in loaded.items()}
+    for run in every:
         if want and run.name not in want:
             continue
-        cfg, recs, summ = run.load()
+        cfg, recs, summ = loaded[run.name]
+        group = [reals[r.name] for r in every if r.group == run.group]
         if args.profile:
             cfg = cfg.model_copy(update={"profile": args.profile})
         if args.set:
@@ -157,7 +201,7 @@ def main() -> None:
 
                 traces = load_traces(summ["config"]["trace"])
             ks = keys(recs, summ, 16, traces)
-        real = real_figures(recs, summ)
+        real = reals[run.name]
         sims, bares = [], []
         for i in range(args.replays):
             sent = jittered(recs, args.jitter_ms, i)
@@ -165,17 +209,21 @@ def main() -> None:
             bares.append(sim_figures(recs, summ, replay(cfg, sent, NO_FRONT_END, keys=ks)))
         lanes = summ["config"]["conc"]
         if args.replays == 1:
-            v = report(run.name, lanes, real, sims[0], bares[0])
-            summary_rows.append((run.name, lanes, f"{sum(v)}/{len(v)}"))
+            v = report(run.name, lanes, real, sims[0], bares[0], group=group)
+            summary_rows.append((run.name, run.group, lanes, f"{sum(v)}/{len(v)}"))
             continue
-        v = report(run.name, lanes, real, median(sims), median(bares), replays=sims)
+        v = report(run.name, lanes, real, median(sims), median(bares), replays=sims, group=group)
         # each replay judged on its own (its table not printed)
-        ok = sum(all(report(run.name, lanes, real, s, b, out=io.StringIO())) for s, b in zip(sims, bares))
-        summary_rows.append((run.name, lanes, f"{sum(v)}/{len(v)} | {ok}/{args.replays}"))
-    print("\n| run | lanes | checks within bounds |\n|---|---:|---|" if args.replays == 1 else
-          "\n| run | lanes | checks within bounds (median) | replays within bounds |\n|---|---:|---|---|")
-    for name, lanes, checks in summary_rows:
-        print(f"| {name} | {lanes} | {checks} |")
+        ok = sum(all(report(run.name, lanes, real, s, b, out=io.StringIO(), group=group))
+                 for s, b in zip(sims, bares))
+        summary_rows.append((run.name, run.group, lanes,
+                             f"{sum(v)}/{len(v)} | {ok}/{args.replays}"))
+    print("\n| run | group | lanes | checks within bounds (group rule) |\n|---|---|---:|---|"
+          if args.replays == 1 else
+          "\n| run | group | lanes | checks within bounds (group rule, median) | "
+          "replays within bounds |\n|---|---|---:|---|---|")
+    for name, group, lanes, checks in summary_rows:
+        print(f"| {name} | {group} | {lanes} | {checks} |")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,15 @@ today's model). Prints, over the measured window: achieved vs predicted hit rate
 per-request error, and the error by time and by prompt size; then the server's own split of
 cached tokens (GPU prefix cache vs connector, whole run).
 
+The tier's store mode is the run's (`cache.offload_eager` of its summary) unless `--store`
+says: `eager` (every computed block stored; the client's model of Mooncake), `mooncake`
+(MooncakeStoreConnector as its source does it: the store's own leading hit from the first
+block, every block of the prompt it lacks saved, `TieredCache(whole=True)`), `lazy`
+(SimpleCPUOffload's `lazy_offload: true`). Clients before 2026-12-03 recorded a Mooncake server
+given `--offload-tokens` as lazy.
+
 Run: python bench/tier_replay.py [REQUESTS.jsonl ...] [--offload-tokens N]
+     [--store eager|lazy|mooncake]
 (default: tests/data/h200-runs-2/offb-requests.jsonl and tests/data/h200-runs/offB/requests.jsonl,
 whose older client did not record the tier: 436,906 tokens, from its server log).
 """
@@ -54,28 +62,37 @@ def per_request(recs: list[dict], pred: dict[str, tuple[int, int]]) -> tuple[flo
     return sum(err) / len(err), sum(e <= 0.10 for e in err) / len(err)
 
 
-def replay(records: list[dict], summary: dict, tier_tokens: int | None, traces, queue: bool):
+def replay(records: list[dict], summary: dict, tier_tokens: int | None, traces, queue: bool,
+           eager: bool | None = None, whole: bool = False):
+    """The run's predictions; `eager` None: the store mode its summary recorded."""
     cfg, cache = summary["config"], summary["cache"]
     return replay_theory(records, traces, context_scale=cfg["context_scale"],
                          pool_tokens=cache["kv_pool_tokens"], tier_tokens=tier_tokens,
-                         eager=bool(cache.get("offload_eager")), queue=queue,
-                         shared_prefix=cfg.get("shared_prefix", "none"))
+                         eager=bool(cache.get("offload_eager")) if eager is None else eager,
+                         queue=queue, shared_prefix=cfg.get("shared_prefix", "none"),
+                         whole=whole)
 
 
-def report(path: Path, tier_override: int | None, traces_cache: dict) -> None:
+def report(path: Path, tier_override: int | None, traces_cache: dict,
+           store: str | None = None) -> None:
     records, summary = run_files(path)
     cfg = summary["config"]
     tier = tier_override or summary["cache"].get("offload_tokens")
+    recorded = bool(summary["cache"].get("offload_eager"))
+    eager = recorded if store is None else store != "lazy"
+    whole = store == "mooncake"
     if cfg["trace"] not in traces_cache:
         traces_cache[cfg["trace"]] = load_traces(cfg["trace"])
     traces = traces_cache[cfg["trace"]]
     recs = window(records)
     name = path.relative_to(REPO) if path.is_relative_to(REPO) else path
     print(f"== {name}: {len(recs)} measured requests, pool "
-          f"{summary['cache']['kv_pool_tokens']:,} tokens, tier {tier or 0:,} tokens")
-    at_send = replay(records, summary, tier, traces, queue=False)
-    queued = replay(records, summary, tier, traces, queue=True)
-    if summary["cache"].get("offload_tokens") == tier:  # the run's client modelled this tier
+          f"{summary['cache']['kv_pool_tokens']:,} tokens, tier {tier or 0:,} tokens, "
+          f"{store if whole else 'eager' if eager else 'lazy'} store"
+          + ("" if eager == recorded else f" (the run recorded {'eager' if recorded else 'lazy'})"))
+    at_send = replay(records, summary, tier, traces, queue=False, eager=eager, whole=whole)
+    queued = replay(records, summary, tier, traces, queue=True, eager=eager, whole=whole)
+    if summary["cache"].get("offload_tokens") == tier and eager == recorded and not whole:
         same = sum(at_send[r["request_id"]] == (r["cached_expected_pool"],
                                                 r["cached_expected_offload"]) for r in records)
         print(f"  looked up at send, the replay reproduces the recorded prediction of "
@@ -115,6 +132,9 @@ def main() -> None:
     ap.add_argument("requests", nargs="*", type=Path)
     ap.add_argument("--offload-tokens", type=int, default=None,
                     help="the tier's size when the summary does not record it")
+    ap.add_argument("--store", choices=("eager", "lazy", "mooncake"), default=None,
+                    help="the tier's store mode (default: the run's): mooncake = "
+                    "MooncakeStoreConnector's lookup and save")
     args = ap.parse_args()
     runs = args.requests or DEFAULT_RUNS
     traces: dict = {}
@@ -122,7 +142,7 @@ def main() -> None:
         tier = args.offload_tokens
         if not args.requests and path.parent.name == "offB":
             tier = OFFB_TIER_TOKENS
-        report(path.resolve(), tier, traces)
+        report(path.resolve(), tier, traces, args.store)
 
 
 if __name__ == "__main__":

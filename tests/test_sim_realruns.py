@@ -1,16 +1,26 @@
-"""The real runs the simulator is compared with (agentx/sim/realruns.py): where they are found, and
-the send-time jitter of an ensemble of replays (bench/sim_vs_real.py --replays)."""
+"""The real runs the simulator is compared with (agentx/sim/realruns.py): where they are found, the
+send-time jitter of an ensemble of replays (bench/sim_vs_real.py --replays), and the group rule
+(bench/sim_vs_real.py judges a simulated figure against the real runs of its configuration)."""
 from __future__ import annotations
 
 import copy
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from agentx.sim.realruns import DATA, jittered, runs
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_runs_found_from_any_working_directory(tmp_path, monkeypatch):
     """`python -m agentx.sim.fit` and bench/sim_vs_real.py find the runs wherever they start."""
     monkeypatch.chdir(tmp_path)
-    assert {r.name for r in runs(DATA)} == {"base", "spec", "offA", "offB", "spec32", "offb"}
+    assert {r.name for r in runs(DATA)} == {"base", "spec", "offA", "offB", "spec32", "offb",
+                                           "offb-r1", "offb-r2"}
 
 
 def test_jitter_is_seeded_bounded_and_leaves_replay_0_alone():
@@ -29,3 +39,61 @@ def test_jitter_is_seeded_bounded_and_leaves_replay_0_alone():
     # only the send time moves
     assert [{**j, "start_ns": r["start_ns"]} for r, j in zip(recs, one)] == recs
     assert max(abs(j["start_ns"] - r["start_ns"]) for r, j in zip(recs[:-1], jittered(recs, 0.5, 3))) <= 500_000
+
+
+def _sim_vs_real():
+    """bench/sim_vs_real.py as a module (bench/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("sim_vs_real", REPO / "bench" / "sim_vs_real.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_offb_repeats_are_one_group():
+    groups = {r.name: r.group for r in runs(DATA)}
+    assert groups["offb"] == groups["offb-r1"] == groups["offb-r2"] == "offb"
+    assert len({groups[n] for n in ("base", "spec", "offA", "offB", "spec32", "offb")}) == 6
+
+
+def test_group_rule_widens_the_bound_by_the_real_spread():
+    svr = _sim_vs_real()
+    reals = [8.29, 8.57, 10.18]  # TTFT p50 (s) of offb-r1, offb, offb-r2
+    lo, hi = svr.group_window(reals, 0.15)
+    assert lo == pytest.approx(8.29 * 0.85) and hi == pytest.approx(10.18 * 1.15)
+    # +27% against offb-r1 alone, but inside what the same configuration gave on another run
+    assert svr.within_group(10.5, reals, 0.15) and abs(10.5 / 8.29 - 1) > 0.15
+    assert svr.within_group(hi, reals, 0.15) and not svr.within_group(hi * 1.001, reals, 0.15)
+    assert svr.within_group(lo, reals, 0.15) and not svr.within_group(lo * 0.999, reals, 0.15)
+    # a run alone in its group: within +-bound of it, the rule before groups
+    assert svr.within_group(1.15, [1.0], 0.15) and not svr.within_group(1.151, [1.0], 0.15)
+    assert svr.spread([1.0]) == "(one run)"
+    assert svr.spread([8.0, 9.0, 10.0]) == "8.00..10.00 (22%)"
+
+
+def _cells(out: str, label: str) -> list[str]:
+    (line,) = [ln for ln in out.splitlines() if ln.startswith(f"| {label} ")]
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_cli_judges_a_run_against_its_group():
+    """One replay of offb-r2: its table shows the group's real range of every bounded figure
+    (computed here from the three runs' records) and judges the simulated median by it."""
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "sim_vs_real.py"),
+                        "--runs", "offb-r2"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "### offb-r2 (32 lanes, group of 3 real runs)" in out
+    svr = _sim_vs_real()
+    group = {r.name: r for r in runs(DATA) if r.group == "offb"}
+    assert set(group) == {"offb", "offb-r1", "offb-r2"}
+    reals = {n: svr.real_figures(*r.load()[1:]) for n, r in group.items()}
+    for label, k, q in svr.ROWS:
+        if k == "itl" or q not in svr.BOUNDS:
+            continue
+        vals = [f[k][q] for f in reals.values()]
+        _, real, rng, sim, _, verdict = _cells(out, f"{label} (ms)")
+        assert real == f"{reals['offb-r2'][k][q]:,.2f}"
+        assert rng.startswith(f"{min(vals):,.2f}..{max(vals):,.2f} (")
+        ok = svr.within_group(float(sim.replace(",", "")), vals, svr.BOUNDS[q])
+        assert verdict.startswith("ok" if ok else "OUT"), (label, sim, vals)
+    assert "| offb-r2 | offb | 32 |" in out

@@ -42,7 +42,7 @@ from ..aio import Steps, run_steps, run_steps_async
 from ..client.assemble import assemble
 from ..client.facts import StreamFacts
 from ..plan import Planner, split_count
-from ..prefix_cache import Admission, TieredCache
+from ..prefix_cache import Admission, TieredCache, sent_keys
 from ..prompt.synth import Conversation, PreparedTurn, SynthConfig
 from ..prompt.token_model import TokenModel
 from ..records import RequestRecord
@@ -475,11 +475,14 @@ class Engine:
                 run_steps(steps)  # finish it now: a half-done operation would corrupt the model
                 raise
 
-    async def _expect_pool(self, conv: Conversation, step: Turn) -> Admission | None:
-        """The prompt's blocks join the pool model's queue at send, as the request joins the
-        server's; the model looks it up when it admits it (TieredCache). None when the
-        server's pool is unknown: the record keeps the infinite-cache figure."""
-        keys = conv.block_keys(step.hash_ids)
+    async def _expect_pool(self, conv: Conversation, step: Turn,
+                           tokens: int) -> Admission | None:
+        """The prompt's blocks (of its `tokens` as sent: `sent_keys`) join the pool model's
+        queue at send, as the request joins the server's; the model looks it up when it
+        admits it (TieredCache). None when the server's pool is unknown: the record keeps the
+        infinite-cache figure."""
+        keys = sent_keys(conv.block_keys(step.hash_ids), tokens,
+                         conv.trace.block_size * self.synth.context_scale)
         return await self._cache_op(self.cache_model.submit_steps(keys))
 
     async def _note_expected(self, rec: RequestRecord, conv: Conversation,
@@ -519,7 +522,7 @@ class Engine:
         # start a turn or two later: dispatch lag); a stop cancels the lane while in flight
         self._inflight[rid] = asyncio.current_task()
         # the cache-model bookkeeping (~1 us per prompt block) starts after the write
-        acquire = asyncio.create_task(self._expect_pool(conv, step))
+        acquire = asyncio.create_task(self._expect_pool(conv, step, prepared.intended_in))
         live_text = None
         ticket: Admission | None = None
         end_ns = 0

@@ -35,6 +35,10 @@ class RealRun:
     summary: Path
     server: dict  # SimConfig fields of the server flags (beyond the pool size)
     small_pool: bool  # pool far below the working set: hits come from the simulated cache
+    group: str = ""  # runs of one configuration share a group (their run-to-run spread); "" = name
+
+    def __post_init__(self) -> None:
+        self.group = self.group or self.name
 
     def load(self) -> tuple[SimConfig, list[dict], dict]:
         recs = read_jsonl(self.requests, strict=True)[0]
@@ -47,8 +51,9 @@ _OFFLOAD = {"kv_offload": "simple-cpu", "offload_gb": 64.424509440, "offload_sto
 
 
 def runs(data: Path) -> list[RealRun]:
-    """Every run under data/h200-runs and data/h200-runs-2 (READMEs there give the flags)."""
-    a, b = data / "h200-runs", data / "h200-runs-2"
+    """Every run under data/h200-runs, h200-runs-2 and h200-runs-3 (READMEs there give the
+    flags); offb-r1 and offb-r2 repeat offb on the same server: one group."""
+    a, b, c = data / "h200-runs", data / "h200-runs-2", data / "h200-runs-3"
     out = [RealRun("base", a / "base/requests.jsonl", a / "base/summary.json", {}, False),
            RealRun("spec", a / "spec/requests.jsonl", a / "spec/summary.json",
                    {"spec_k": 3, "synthetic_al": 2.78}, False),
@@ -56,7 +61,9 @@ def runs(data: Path) -> list[RealRun]:
            RealRun("offB", a / "offB/requests.jsonl", a / "offB/summary.json", _OFFLOAD, True),
            RealRun("spec32", b / "spec32-requests.jsonl", b / "spec32-summary.json",
                    {"spec_k": 3, "synthetic_al": 2.5}, False),
-           RealRun("offb", b / "offb-requests.jsonl", b / "offb-summary.json", _OFFLOAD, True)]
+           RealRun("offb", b / "offb-requests.jsonl", b / "offb-summary.json", _OFFLOAD, True),
+           *(RealRun(f"offb-{r}", c / f"offb-{r}-requests.jsonl", c / f"offb-{r}-summary.json",
+                     _OFFLOAD, True, group="offb") for r in ("r1", "r2"))]
     return [r for r in out if r.requests.exists()]
 
 

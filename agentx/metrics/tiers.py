@@ -43,6 +43,9 @@ def offload_tier(snap: Snapshot | None) -> dict:
     out = {"offload_tokens": None, "offload_eager": None, "offload_source": None}
     if snap is None:
         return out
+    declared = offload.by_families(snap.families)
+    if declared is not None:  # its size unknown (--offload-tokens gives it), its store mode known
+        out["offload_eager"] = declared.store.eager
     block_size, backend = None, None
     for labels, _ in snap.select(CACHE_CONFIG):
         block_size = _int(labels, "block_size") or block_size
@@ -61,40 +64,21 @@ def offload_tier(snap: Snapshot | None) -> dict:
         return {"offload_tokens": sum(cpu) * block_size,
                 "offload_eager": c.store.eager if c is not None else True,
                 "offload_source": CACHE_CONFIG}
-    c = _exposed_connector(snap)
-    if c is not None:  # its size unknown (--offload-tokens gives it), its store mode known
-        out["offload_eager"] = c.store.eager
     return out
-
-
-def _exposed_connector(snap: Snapshot) -> type[offload.Connector] | None:
-    """The connector whose own families the server exposes (declared, samples or not: a
-    labelled counter shows only its HELP/TYPE lines before its first operation), e.g.
-    MooncakeStoreConnector's vllm:mooncake_store_operation_*: a Mooncake server run with
-    `--offload-tokens` was modelled as a lazy tier before (mc-r1 of h200-runs-3)."""
-    for c in offload.CONNECTORS:
-        for sig in c.loads + c.stores:
-            if snap.has(sig.sample) or sig.sample.removesuffix("_total") in snap.families:
-                return c
-    return None
 
 
 def resolve(offload_tokens: int | None, snap: Snapshot | None,
             connector: str | None = None) -> dict:
     """The tier the theory models: `--offload-tokens` when given, else what /metrics say.
     The store mode is the server's where it says, else the policy of `connector` (the kind a
-    recipe launched, agentx.offload: LMCache and Mooncake eager), else the policy of the
-    connector whose counters the server declares (Mooncake's `vllm:mooncake_store_operation_*`:
-    a run against a URL learns it there), else lazy (SimpleCPUOffload's recipe setting).
+    recipe launched, agentx.offload: LMCache and Mooncake eager), else lazy (SimpleCPUOffload's
+    recipe setting). `offload_tier` reads the server's: its info gauges, or the connector
+    whose own counters it declares (Mooncake's `vllm:mooncake_store_operation_*`).
     Modelling a Mooncake tier as lazy predicted 34.8% where vLLM 0.24 gave 0 and the eager
     model 0.0% (tests/data/h200-runs-4, 32 lanes)."""
     seen = offload_tier(snap)
     if seen["offload_eager"] is None and connector:
         seen["offload_eager"] = offload.connector(connector).store.eager
-    if seen["offload_eager"] is None and snap is not None:
-        declared = offload.by_families(snap.families)
-        if declared is not None:
-            seen["offload_eager"] = declared.store.eager
     if offload_tokens is None:
         return seen
     return {"offload_tokens": offload_tokens, "offload_eager": bool(seen["offload_eager"]),

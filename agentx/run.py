@@ -35,6 +35,7 @@ from .metrics.tiers import tier_theory
 from .metrics.window import Window, delivered, headline, measurement_window, server_throughput
 from .plan import split_count, trace_times
 from .prompt.token_model import TokenModel, builtin_model, hf_model
+from .report.sessions import write_session_files
 from .rundir import RunDir, merge_record_files, read_jsonl, write_json
 from .targets.base import Server, Target, UrlServer
 from .trace.load import load_traces
@@ -170,12 +171,14 @@ async def run_async(cfg: RunConfig, target: Target,
     if bad:
         print(f"agentx: warning: skipped {bad} unreadable line(s) of {requests_path}",
               file=sys.stderr)
-    summary = _summary(cfg, results, n_workers, records, scraper, meta, ccfg, tier, lost)
+    summary = _summary(cfg, results, n_workers, records, scraper, meta, ccfg, tier, lost,
+                       traces.last_turns())
     win = summary["window"]
     summary["energy"] = energy_block([] if isinstance(gpu, str) else gpu.rows, win["start_ns"],
                                      win["end_ns"], summary["tokens"]["output"],
                                      summary["completed"], gpu if isinstance(gpu, str) else None)
     write_json(rd.summary, summary)
+    write_session_files(out, records, traces.last_turns())
     summary["output_dir"] = str(out)
     return summary
 
@@ -337,14 +340,14 @@ def _run_meta(ccfg: ClientConfig, base_url: str, embedded: bool, max_model_len: 
 
 def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records: list[dict],
              scraper: Any, meta: dict, ccfg: ClientConfig, tier: dict | None = None,
-             lost: list[str] = ()) -> dict:
+             lost: list[str] = (), last_turns: dict[str, int] | None = None) -> dict:
     # measurement window: from the end of warm-up to the last measured completion
     win = _window(results, records)
     server_metrics = scraper.compute(ccfg.model) if scraper else None
     sm = server_metrics or {}
     s = summarize(records, window_s=win.seconds, gpus=cfg.gpus,
                   block_size=sm.get("kv_block_size"), kv_pool_tokens=sm.get("kv_pool_tokens"),
-                  percentiles=cfg.percentiles)
+                  percentiles=cfg.percentiles, last_turns=last_turns)
     s["throughput"].update(server_throughput(server_metrics))
     s["throughput"].update(delivered(records, win.start_ns, win.stop_ns))
     s["throughput"]["headline"] = headline(s["throughput"], cfg.gpus)

@@ -8,6 +8,7 @@ from ..metrics.arrivals import arrivals_line
 from ..metrics.catalog import DISTS
 from ..metrics.percentiles import pct_key, shown
 from ..metrics.window import headline, not_steady_note
+from .sessions import sessions_line
 from .target import target_text
 
 WIDE = 200  # columns when stdout is not a terminal: a file or a pipe gets whole numbers
@@ -72,6 +73,9 @@ def summary_lines(summary: dict, verdict: bool = True) -> list[str]:
     ]
     if (summary.get("energy") or {}).get("source"):
         lines.append(energy_line(summary["energy"]))
+    sessions = sessions_line(summary)
+    if sessions:
+        lines.append(sessions)
     lines[1:1] = window_lines(summary)
     if summary.get("arrivals"):  # open loop: offered vs achieved, the cap's waits
         lines.insert(1, arrivals_line(summary["arrivals"]))

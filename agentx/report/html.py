@@ -113,6 +113,7 @@ def short_names(runs: list[Run]) -> list[str]:
 def _run_section(run: Run, name: str, figs: Figures, i: int, open_: bool) -> str:
     from .plots import gpu_power, latency_cdfs, server_timeseries
     from .runs import plot_title
+    from .sessions import html_section, per_turn_plot
 
     s = run.summary
     head = f"{escape(name)} — {escape(target_text(s))}"
@@ -122,6 +123,8 @@ def _run_section(run: Run, name: str, figs: Figures, i: int, open_: bool) -> str
     body += [_notes(run.notes), _verdict(s), _latency_table(s), _lines(s)]
     ptitle = plot_title(run)
     body.append(figs.img(lambda p: latency_cdfs(run.records, p, ptitle), "latency CDFs"))
+    body.append(html_section(s))
+    body.append(figs.img(lambda p: per_turn_plot(s, p, ptitle), "per-turn TTFT and hit rate"))
     if run.metrics:
         body.append(figs.img(lambda p: server_timeseries(run.metrics, p, ptitle, s, run.records),
                              "server time series"))

@@ -13,7 +13,7 @@ from rich.table import Table
 from ..errors import InputError
 from ..rundir import RunDir
 from .pareto import INTERACTIVITY, frontier_key, mark_frontiers, run_row
-from .rebuild import Run
+from .rebuild import Run, last_turns_of
 from .target import target_text
 
 CSV_NAME, PARETO_PNG = "runs.csv", "pareto.png"
@@ -23,8 +23,13 @@ def report_one(run: Run, console: Console, *, plots: bool = True) -> int:
     from .console import print_summary
 
     print_summary(run.summary, console)
+    if not (run.dir / RunDir.SESSIONS_CSV).exists():  # a run from before they were written
+        from .sessions import write_session_files
+
+        write_session_files(run.dir, run.records, last_turns_of(run.summary))
     if plots:
         from .plots import gpu_power, latency_cdfs, server_timeseries
+        from .sessions import per_turn_plot
 
         title = plot_title(run)
         made = [latency_cdfs(run.records, run.dir / RunDir.LATENCY_CDF, title)]
@@ -34,6 +39,7 @@ def report_one(run: Run, console: Console, *, plots: bool = True) -> int:
         if run.gpu:
             made.append(gpu_power(run.gpu, run.dir / RunDir.GPU_POWER, title, run.summary,
                                   run.records))
+        made.append(per_turn_plot(run.summary, run.dir / RunDir.PER_TURN, title))
         RunDir(run.dir).register(*(p.name for p in made))  # --overwrite removes them, nothing else
         console.print("plots: " + ", ".join(str(p) for p in made))
     return 0

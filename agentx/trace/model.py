@@ -83,3 +83,8 @@ class TraceSet:
     name: str
     traces: list[Trace] = field(default_factory=list)
     block_size: int = 64
+
+    def last_turns(self) -> dict[str, int]:
+        """Trace id -> index of its last own turn: a replay that sent it ran to the end
+        (per-session results, metrics/sessions.py)."""
+        return {t.id: len(t.turns) - 1 for t in self.traces}

@@ -26,6 +26,7 @@ from .engine.lanes import Engine
 from .engine.workers import WorkerPool, auto_workers, usable_cores, worker_name
 from .errors import InputError, OutputError, RunLost
 from .metrics.arrivals import arrival_summary
+from .metrics.cost import cost_block
 from .metrics.goodput import goodput
 from .metrics.gpu import energy_block
 from .metrics.server_metrics import kv_pool
@@ -381,6 +382,7 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
     s["stop_reason"] = stop_reason({x.stop_reason for x in results} | set(lost))
     s["golden_al"] = cfg.golden_al.model_dump() if cfg.golden_al else None  # the pinned entry
     s.update(meta)  # config, target, labels, run
+    s["cost"] = cost_block(s, cfg.gpu_hour_usd)
     if cfg.validation != "off":
         s["validation"] = _validate(cfg, s)
     return s

@@ -73,6 +73,8 @@ def summary_lines(summary: dict, verdict: bool = True) -> list[str]:
     ]
     if (summary.get("energy") or {}).get("source"):
         lines.append(energy_line(summary["energy"]))
+    if summary.get("cost"):
+        lines.append(cost_line(summary["cost"]))
     sessions = sessions_line(summary)
     if sessions:
         lines.append(sessions)
@@ -160,6 +162,23 @@ def cache_line(cache: dict) -> str:
                  f"{_pct(cache.get('theoretical_hit_rate_pool'))}")
     theory = f"infinite-cache theory{'' if pool else ', used by validation'}: "
     return f"{line}; {theory}{_pct(cache.get('theoretical_hit_rate'))}"
+
+
+def cost_line(c: dict) -> str:
+    """`cost ($2.50/GPU-h x 8 GPUs, headline rate): $0.12 per M input tokens, ...`, or why
+    there is no figure (a GPU count unknown is never taken for 1)."""
+    head = f"cost (${c['gpu_hour_usd']:g}/GPU-h x {c.get('gpus') or '?'} GPUs"
+    if c.get("unknown"):
+        return f"{head}): unknown — {c['unknown']}"
+
+    def usd(v: float | None) -> str:
+        return "-" if v is None else f"${v:,.4g}"
+    return (f"{head}, {c.get('throughput_source') or '?'} rate): "
+            f"{usd(c.get('usd_per_m_input_tokens'))} per M input tokens, "
+            f"{usd(c.get('usd_per_m_output_tokens'))} per M output tokens (each charged all GPU "
+            f"time), {usd(c.get('usd_per_m_total_tokens'))} per M tokens; "
+            f"{usd(c.get('usd_per_request'))} per request, {usd(c.get('usd_per_session'))} per "
+            "session (GPU time shared by tokens)")
 
 
 def energy_line(e: dict) -> str:

@@ -28,7 +28,7 @@ from ..metrics.catalog import DISTS
 from ..metrics.percentiles import pct_key, shown
 from ..rundir import RunDir
 from .console import THIN_P99, summary_lines, title
-from .pareto import INTERACTIVITY, frontier_key, mark_frontiers, run_row
+from .pareto import INTERACTIVITY, frontier_key, mark_frontiers, pareto_y, run_row
 from .rebuild import Run
 from .target import target_text
 
@@ -56,13 +56,13 @@ def default_path(runs: list[Run], out: Path) -> Path:
 
 
 def write_html(path: Path, runs: list[Run], *, ab_dirs: list[Path] = (), goodput: bool = False,
-               gpus: int | None = None, plots: bool = True) -> Path:
+               gpus: int | None = None, plots: bool = True, cost: bool = False) -> Path:
     """Write the report; `plots=False` leaves the figures out (tables and text only)."""
     with tempfile.TemporaryDirectory(prefix="agentx-html-") as tmp:
         figs = Figures(Path(tmp), plots)
         parts = [_ab_section(d, figs) for d in ab_dirs]
         if len(runs) > 1:
-            parts.append(_pareto_section(runs, short_names(runs), figs, goodput, gpus))
+            parts.append(_pareto_section(runs, short_names(runs), figs, goodput, gpus, cost))
         names = short_names(runs)
         parts += [_run_section(r, names[i], figs, i, open_=len(runs) <= OPEN_UP_TO)
                   for i, r in enumerate(runs)]
@@ -214,12 +214,11 @@ def _config(s: dict) -> str:
 
 
 def _pareto_section(runs: list[Run], names: list[str], figs: Figures, goodput: bool,
-                    gpus: int | None) -> str:
+                    gpus: int | None, cost: bool = False) -> str:
     from .plots import pareto_plot
 
     rows = [run_row(str(r.dir), r.summary, r.records, gpus) for r in runs]
-    y, y_label = ("goodput_tok_s_per_gpu", "goodput tok/s per GPU") if goodput \
-        else ("total_tok_s_per_gpu", "throughput tok/s per GPU")
+    y, y_label = pareto_y(goodput, cost)
     mark_frontiers(rows, y)
     cols = ["run", "conc", "n", y_label, "TTFT p50 ms", "TPOT p50 ms",
             *(x for _, x in INTERACTIVITY), "verdict"]

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ..errors import InputError
 from ..rundir import RunDir
-from .pareto import INTERACTIVITY, frontier_key, mark_frontiers, run_row
+from .pareto import INTERACTIVITY, frontier_key, mark_frontiers, pareto_y, run_row
 from .rebuild import Run, last_turns_of
 from .target import target_text
 
@@ -53,12 +53,15 @@ def plot_title(run: Run) -> str:
 
 
 def report_many(runs: list[Run], out: Path, console: Console, *, goodput: bool = False,
-                gpus: int | None = None, plots: bool = True, missing: list[str] = ()) -> int:
+                gpus: int | None = None, plots: bool = True, missing: list[str] = (),
+                cost: bool = False) -> int:
     """runs.csv, the frontier table and pareto.png; `missing`: runs that produced no result
     (a sweep's failed cells), listed under the plot."""
     rows = [run_row(str(r.dir), r.summary, r.records, gpus) for r in runs]
-    y, y_label = ("goodput_tok_s_per_gpu", "goodput tok/s per GPU") if goodput \
-        else ("total_tok_s_per_gpu", "throughput tok/s per GPU")
+    y, y_label = pareto_y(goodput, cost)
+    if cost and all(r[y] is None for r in rows):
+        raise InputError(rows[0]["run"], "has no cost: give --gpu-hour-usd (and --gpus for "
+                         "runs that did not record their GPU count)", field="--cost")
     if goodput:
         missing = [r["run"] for r in rows if r[y] is None]
         if missing:

@@ -56,11 +56,13 @@ def default_path(runs: list[Run], out: Path) -> Path:
 
 
 def write_html(path: Path, runs: list[Run], *, ab_dirs: list[Path] = (), goodput: bool = False,
-               gpus: int | None = None, plots: bool = True, cost: bool = False) -> Path:
-    """Write the report; `plots=False` leaves the figures out (tables and text only)."""
+               gpus: int | None = None, plots: bool = True, cost: bool = False,
+               head: list[str] = ()) -> Path:
+    """Write the report; `plots=False` leaves the figures out (tables and text only); `head`:
+    sections (HTML) that go first (`agentx compare`'s comparisons)."""
     with tempfile.TemporaryDirectory(prefix="agentx-html-") as tmp:
         figs = Figures(Path(tmp), plots)
-        parts = [_ab_section(d, figs) for d in ab_dirs]
+        parts = [*head, *(_ab_section(d, figs) for d in ab_dirs)]
         if len(runs) > 1:
             parts.append(_pareto_section(runs, short_names(runs), figs, goodput, gpus, cost))
         names = short_names(runs)
@@ -249,6 +251,13 @@ def _ab_section(d: Path, figs: Figures) -> str:
     if doc is None:
         return f"<section><h2>A/B</h2><p>{escape(str(d / AB_JSON))} is {escape(broken)}</p>" \
                "</section>"
+    png = d / AB_PNG
+    return ab_html(doc, png_img(png, "A/B CDFs") if figs.on and png.is_file() else "")
+
+
+def ab_html(doc: dict, fig: str, heading: str = "A/B") -> str:
+    """An ab.json-shaped comparison (`agentx ab`, `agentx compare`) as a section: its sides,
+    the table with intervals and verdicts, why a side has none, and the figure `fig`."""
     la, lb = doc["a"].get("label") or "A", doc["b"].get("label") or "B"
     cols = ["metric", la, lb, f"{lb} - {la}", "95% CI", f"{lb} / {la}", "verdict"]
     verdicts = {"a_better": f"{la} better", "b_better": f"{lb} better",
@@ -273,10 +282,10 @@ def _ab_section(d: Path, figs: Figures) -> str:
         f"{escape(', '.join(map(str, doc[k].get('validation') or [])))}</li>" for k in ("a", "b"))
     notes = "".join(f"<p><b>no verdict</b>: {escape(str(k))}: {escape(str(v))}</p>"
                     for k, v in (doc.get("insufficient") or {}).items())
-    png = d / AB_PNG
-    fig = png_img(png, "A/B CDFs") if figs.on and png.is_file() else ""
+    notes += "".join(f"<p><b>warning</b>: {escape(str(w))}</p>" for w in doc.get("warnings") or [])
     how = (doc.get("bootstrap") or {}).get("resampled", "sessions")
-    return (f"<section id=ab><h2>A/B: {escape(la)} against {escape(lb)}</h2><ul>{sides}</ul>"
+    return (f"<section id=ab><h2>{escape(heading)}: {escape(la)} against {escape(lb)}</h2>"
+            f"<ul>{sides}</ul>"
             f"<table><caption>95% CI: bootstrap interval of {escape(lb)} - {escape(la)}, "
             f"resampling {escape(str(how))}</caption><tr>"
             + "".join(f"<th>{escape(c)}</th>" for c in cols) + f"</tr>{''.join(rows)}</table>"

@@ -65,6 +65,7 @@ class Trace:
     # when the session began in the source trace, in seconds (Mooncake: its first request's
     # timestamp); --arrivals trace starts each session at it. None: the trace has no clock.
     start_s: float | None = None
+    reader: str = ""  # the kind of the trace reader that read it (agentx/trace/readers.py)
 
     @property
     def turns(self) -> list[Turn]:

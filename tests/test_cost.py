@@ -70,7 +70,7 @@ def test_report_cost_pareto_and_pricing_saved_runs(swept, cli, tmp_path):
         assert cheapest["frontier_interactivity"] == "True"
     assert (tmp_path / "pareto.png").stat().st_size > 1000
     page = (tmp_path / "report.html").read_text()
-    assert "$ per million output tokens" in page and "per M output tokens" in page
+    assert "$ per million output tokens" in page and "/M output" in page
 
 
 def test_unknown_gpu_count_means_unknown_cost(cli, tmp_path):

@@ -174,11 +174,11 @@ def cost_line(c: dict) -> str:
     def usd(v: float | None) -> str:
         return "-" if v is None else f"${v:,.4g}"
     return (f"{head}, {c.get('throughput_source') or '?'} rate): "
-            f"{usd(c.get('usd_per_m_input_tokens'))} per M input tokens, "
-            f"{usd(c.get('usd_per_m_output_tokens'))} per M output tokens (each charged all GPU "
-            f"time), {usd(c.get('usd_per_m_total_tokens'))} per M tokens; "
-            f"{usd(c.get('usd_per_request'))} per request, {usd(c.get('usd_per_session'))} per "
-            "session (GPU time shared by tokens)")
+            f"{usd(c.get('usd_per_m_input_tokens'))}/M input, "
+            f"{usd(c.get('usd_per_m_output_tokens'))}/M output, "
+            f"{usd(c.get('usd_per_m_total_tokens'))}/M total tokens; "
+            f"{usd(c.get('usd_per_request'))}/request, {usd(c.get('usd_per_session'))}/session "
+            "(docs/metrics.md, Cost)")
 
 
 def energy_line(e: dict) -> str:

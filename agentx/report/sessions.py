@@ -56,21 +56,20 @@ def _p50(block: Mapping, key: str) -> object:
 
 
 def sessions_line(summary: Mapping) -> str | None:
-    """`sessions: 12 counted (complete, every request measured) of 20; per session p50: 6
-    turns, 41.2 s wall, 31% on the server (the rest thinking), 52,100 tokens, hit 93.1%`."""
+    """`sessions: 12 of 20 counted (complete, all measured); p50 per session: 6 turns, 41.2 s
+    wall (31% on the server, the rest thinking), 52,100 input tokens, hit 93.1%`."""
     ps = summary.get("per_session")
     if not ps:
         return None
-    head = (f"sessions: {ps['counted']} counted (complete, every request measured) of "
-            f"{ps['sessions']}")
+    head = f"sessions: {ps['counted']} of {ps['sessions']} counted (complete, all measured)"
     if not ps["counted"]:
         return head + " — no per-session figures (run longer than a session lasts)"
     share, hit = _p50(ps, "server_share"), _p50(ps, "hit_rate")
-    return (f"{head}; per session p50: {_f(_p50(ps, 'turns'), 0)} turns, "
-            f"{_f(_p50(ps, 'wall_s'))} s wall, "
-            f"{'-' if share is None else f'{100 * share:.0f}%'} of it waiting on the server "
-            f"(the rest thinking), {_f(_p50(ps, 'input_tokens'), 0)} input tokens, hit "
-            f"{'-' if hit is None else f'{100 * hit:.1f}%'} (sessions.csv, turns.csv)")
+    return (f"{head}; p50 per session: {_f(_p50(ps, 'turns'), 0)} turns, "
+            f"{_f(_p50(ps, 'wall_s'))} s wall "
+            f"({'-' if share is None else f'{100 * share:.0f}%'} on the server, the rest "
+            f"thinking), {_f(_p50(ps, 'input_tokens'), 0)} input tokens, hit "
+            f"{'-' if hit is None else f'{100 * hit:.1f}%'}")
 
 
 def per_turn_plot(summary: Mapping, path: Path, title: str) -> Path:

@@ -134,3 +134,16 @@ def test_lane_rule_when_the_trace_is_unknown():
         [rec("a", 0, 1, 1), rec("a", 0, 2, 10), rec("b", 0, 3, 20), rec("c", 1, 1, 1)])}
     assert rows["a"]["complete"] is True  # lane 0 moved on to b
     assert rows["b"]["complete"] is None and rows["c"]["complete"] is None  # may be cut
+
+
+def test_report_goes_on_when_the_csvs_cannot_be_written(run_dir, cli, tmp_path):
+    """A run directory the report may not write into (here: the temporary file's name is a
+    directory) gets its report, with one line saying the CSVs were not written."""
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in ("requests.jsonl", "run.json", "summary.json"):
+        (old / name).write_bytes((run_dir / name).read_bytes())
+    (old / "sessions.csv.tmp").mkdir()
+    r = cli("report", old, "--no-plots")
+    assert r.returncode == 0, r.stderr
+    assert "sessions.csv: not written" in r.stdout and "sessions: " in r.stdout

@@ -24,9 +24,13 @@ def report_one(run: Run, console: Console, *, plots: bool = True) -> int:
 
     print_summary(run.summary, console)
     if not (run.dir / RunDir.SESSIONS_CSV).exists():  # a run from before they were written
+        from ..errors import OutputError
         from .sessions import write_session_files
 
-        write_session_files(run.dir, run.records, last_turns_of(run.summary))
+        try:
+            write_session_files(run.dir, run.records, last_turns_of(run.summary))
+        except OutputError as e:  # a read-only run directory: the report goes on without them
+            console.print(f"agentx report: {e.path}: not written ({e.reason})")
     if plots:
         from .plots import gpu_power, latency_cdfs, server_timeseries
         from .sessions import per_turn_plot

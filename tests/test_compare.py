@@ -56,7 +56,12 @@ def test_compare_two_saved_runs_paired_by_session(runs, cli, tmp_path):
                 assert x["ci_low"] <= x["ci_high"]
     page = (tmp_path / "compare.html").read_text()
     assert "compare 1: a against b" in page and "compare 2: a against c" in page
-    assert page.count('alt="comparison') == 2
+    from test_html_report import check_page  # the page in headless Chromium
+
+    shown = check_page(tmp_path / "compare.html", tmp_path, {
+        "comparison 1 CDFs", "comparison 2 CDFs", "Pareto frontier", "latency CDFs",
+        "per-turn TTFT and hit rate"})
+    assert "paired by session (same seed)" in shown["text"]
     # unpaired, the same two runs' interval of a p50 is wider: the same sessions on the same
     # lanes share their difficulty, which pairing cancels
     r2 = cli("compare", runs["a"], runs["b"], "--min-sessions", 2, "-o", tmp_path / "u",

@@ -18,6 +18,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "directory per cell, then the Pareto report"),
     "ab": ("ab", "compare two servers (URL or recipe) on the same traffic, with bootstrap "
            "confidence intervals and a verdict per metric"),
+    "compare": ("compare", "compare saved runs (the first against each later one) with the A/B "
+                "bootstrap intervals and verdicts, paired by session when the seeds match"),
+    "cliff": ("cliff", "predict the prefix-cache hit rate per tier against lanes and the lane "
+              "count where each tier collapses; --verify measures around it"),
     "calibrate": ("calibrate", "measure a draft's acceptance length per thinking mode and K, "
                   "write the golden AL file"),
     "serve": ("serve", "launch a recipe's server, wait for /health, stop the whole process "

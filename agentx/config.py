@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, SecretStr, field_validator, model_validator
 
 from .golden import GoldenPin
+from .metrics.cost import CostOption
 from .metrics.goodput import slo_option
 from .metrics.percentiles import PercentilesOption
 from .options import FieldError, opt
@@ -76,7 +77,7 @@ RAMP_LANES_PER_S = 8.0
 RAMP_MAX_S = 30.0
 
 
-class RunConfig(PercentilesOption):  # --percentiles: declared once, shared with sweep, report
+class RunConfig(PercentilesOption, CostOption):  # declared once, shared with sweep, report
     # --- workload ---
     trace: str = opt("swe", "built-in name (swe) or path", group=WORKLOAD, min_length=1)
     conc: int = opt(8, "concurrent session lanes", group=WORKLOAD, ge=1, le=65536)

@@ -74,8 +74,9 @@ def trace_times(traces: TraceSet, time_scale: float = 1.0) -> list[tuple[float, 
     """(offset s, index into traces.traces) per session in start order, the earliest at 0:
     each session's own start time in the trace (Trace.start_s) times `time_scale`."""
     if any(t.start_s is None for t in traces.traces):
-        raise InputError(traces.name, "--arrivals trace needs session start times, which only "
-                         "Mooncake JSONL traces have (use --session-rate)", field="--arrivals")
+        raise InputError(traces.name, "--arrivals trace needs session start times, which "
+                         "Mooncake, AIPerf (with timestamps), Bailian and OTel traces have (use "
+                         "--session-rate)", field="--arrivals")
     order = sorted(range(len(traces.traces)), key=lambda i: (traces.traces[i].start_s, i))
     t0 = traces.traces[order[0]].start_s if order else 0.0
     return [((traces.traces[i].start_s - t0) * time_scale, i) for i in order]

@@ -26,6 +26,7 @@ from .engine.lanes import Engine
 from .engine.workers import WorkerPool, auto_workers, usable_cores, worker_name
 from .errors import InputError, OutputError, RunLost
 from .metrics.arrivals import arrival_summary
+from .metrics.cost import cost_block
 from .metrics.goodput import goodput
 from .metrics.gpu import energy_block
 from .metrics.server_metrics import kv_pool
@@ -35,6 +36,7 @@ from .metrics.tiers import theory_band, tier_theory
 from .metrics.window import Window, delivered, headline, measurement_window, server_throughput
 from .plan import split_count, trace_times
 from .prompt.token_model import TokenModel, builtin_model, hf_model
+from .report.sessions import write_session_files
 from .rundir import RunDir, merge_record_files, read_jsonl, write_json
 from .targets.base import Server, Target, UrlServer
 from .trace.load import load_traces
@@ -171,12 +173,13 @@ async def run_async(cfg: RunConfig, target: Target,
         print(f"agentx: warning: skipped {bad} unreadable line(s) of {requests_path}",
               file=sys.stderr)
     summary = _summary(cfg, results, n_workers, records, scraper, meta, ccfg, tier, lost,
-                       traces if not pooled else None)
+                       traces if not pooled else None, traces.last_turns())
     win = summary["window"]
     summary["energy"] = energy_block([] if isinstance(gpu, str) else gpu.rows, win["start_ns"],
                                      win["end_ns"], summary["tokens"]["output"],
                                      summary["completed"], gpu if isinstance(gpu, str) else None)
     write_json(rd.summary, summary)
+    write_session_files(out, records, traces.last_turns())
     summary["output_dir"] = str(out)
     return summary
 
@@ -338,14 +341,15 @@ def _run_meta(ccfg: ClientConfig, base_url: str, embedded: bool, max_model_len: 
 
 def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records: list[dict],
              scraper: Any, meta: dict, ccfg: ClientConfig, tier: dict | None = None,
-             lost: list[str] = (), traces: TraceSet | None = None) -> dict:
+             lost: list[str] = (), traces: TraceSet | None = None,
+             last_turns: dict[str, int] | None = None) -> dict:
     # measurement window: from the end of warm-up to the last measured completion
     win = _window(results, records)
     server_metrics = scraper.compute(ccfg.model) if scraper else None
     sm = server_metrics or {}
     s = summarize(records, window_s=win.seconds, gpus=cfg.gpus,
                   block_size=sm.get("kv_block_size"), kv_pool_tokens=sm.get("kv_pool_tokens"),
-                  percentiles=cfg.percentiles)
+                  percentiles=cfg.percentiles, last_turns=last_turns)
     s["throughput"].update(server_throughput(server_metrics))
     s["throughput"].update(delivered(records, win.start_ns, win.stop_ns))
     s["throughput"]["headline"] = headline(s["throughput"], cfg.gpus)
@@ -383,6 +387,7 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
     s["stop_reason"] = stop_reason({x.stop_reason for x in results} | set(lost))
     s["golden_al"] = cfg.golden_al.model_dump() if cfg.golden_al else None  # the pinned entry
     s.update(meta)  # config, target, labels, run
+    s["cost"] = cost_block(s, cfg.gpu_hour_usd)
     if cfg.validation != "off":
         s["validation"] = _validate(cfg, s)
     return s

@@ -51,6 +51,8 @@ class RunDir:
     MANIFEST = ".agentx-files"
     LATENCY_CDF, SERVER_TIMESERIES = "latency_cdf.png", "server_timeseries.png"  # report plots
     GPU_POWER = "gpu_power.png"  # report plot of the NVML samples (metrics/gpu.py)
+    # per-session rows, per-turn bins and their plot (metrics/sessions.py, report/sessions.py)
+    SESSIONS_CSV, TURNS_CSV, PER_TURN = "sessions.csv", "turns.csv", "per_turn.png"
     CALIBRATION = "calibration.json"  # `agentx calibrate`'s result, in its own directory
     FILES = (RUN, REQUESTS, METRICS, SUMMARY)
     # what a run (and `agentx report` in it) wrote before manifests: exact names, never a

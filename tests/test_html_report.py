@@ -137,7 +137,7 @@ def test_one_run_report_renders_in_chromium(made, tmp_path):
     p = agentx("report", run, "--html")
     html = run / "report.html"
     assert f"html: {html}" in p.stdout
-    page = check_page(html, tmp_path, {"latency CDFs", "server time series"})
+    page = check_page(html, tmp_path, {"latency CDFs", "server time series", "per-turn TTFT and hit rate"})
     text = page["text"]
     assert f"note={EVIL}" in text  # shown as the text it is
     for seen in ("verdict", "TTFT ms", "TPOT ms", "p50", "p99", "requests: ", "throughput: ",
@@ -154,8 +154,8 @@ def test_several_runs_and_an_ab_in_one_file(made, tmp_path):
     agentx("report", made / "runs", made / "ab", "-o", tmp_path, "--no-plots")  # console only
     agentx("report", made / "runs", made / "ab", "--html", out, "-o", tmp_path)
     page = check_page(out, tmp_path, {"A/B CDFs", "Pareto frontier", "latency CDFs",
-                                      "server time series"})
-    assert len(page["imgs"]) == 1 + 1 + 2 * 4  # A/B, Pareto, two figures for each of 4 runs
+                                      "server time series", "per-turn TTFT and hit rate"})
+    assert len(page["imgs"]) == 1 + 1 + 3 * 4  # A/B, Pareto, three figures for each of 4 runs
     text = page["text"]
     assert "A/B: <i>A</i> against B&<b>" in text and page["italic"] == 0  # no injected <i>
     ab = json.loads((made / "ab" / "ab.json").read_text())
@@ -178,5 +178,5 @@ def test_gpu_power_and_energy_are_in_the_page(cli, made, tmp_path, monkeypatch):
     assert r.returncode == 0, r.stderr
     assert cli("report", out, "--html").returncode == 0
     page = check_page(out / "report.html", tmp_path,
-                      {"latency CDFs", "server time series", "GPU power"})
+                      {"latency CDFs", "server time series", "GPU power", "per-turn TTFT and hit rate"})
     assert "energy (NVML, GPU 0,1" in page["text"]

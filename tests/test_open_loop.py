@@ -176,7 +176,7 @@ def test_mooncake_timestamps_with_time_scale(sim, tmp_path):
 @pytest.mark.parametrize("args, says", [
     (["--conc", "4", "--session-rate", "1"], "--conc (closed loop) or --session-rate"),
     (["--session-rate", "1", "--workers", "2"], "one client process"),
-    (["--arrivals", "trace"], "only Mooncake JSONL traces"),
+    (["--arrivals", "trace"], "needs session start times"),
 ])
 def test_refusals_are_one_line(tmp_path, args, says):
     p = subprocess.run([sys.executable, "-m", "agentx", "run", "--trace", "swe",

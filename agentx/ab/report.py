@@ -18,11 +18,11 @@ def _f(v: float | None, pct: bool = False) -> str:
     return f"{100 * v:.1f}%" if pct else f"{v:,.1f}" if abs(v) >= 10 else f"{v:,.3g}"
 
 
-def print_ab(doc: dict, console: Console | None = None) -> None:
+def print_ab(doc: dict, console: Console | None = None, command: str = "ab") -> None:
     """One row per metric: A, B, B - A with its 95% interval, B / A, verdict."""
     console = console or make_console()
     la, lb = doc["a"].get("label") or "A", doc["b"].get("label") or "B"
-    t = Table(title=f"agentx ab — {la}: {doc['a'].get('spec')}  {lb}: {doc['b'].get('spec')}")
+    t = Table(title=f"agentx {command} — {la}: {doc['a'].get('spec')}  {lb}: {doc['b'].get('spec')}")
     for c in ("metric", la, lb, f"{lb} - {la}", "95% CI", f"{lb} / {la}", "verdict"):
         t.add_column(c, justify="left" if c in ("metric", "verdict") else "right",
                      no_wrap=c in ("95% CI", "verdict"))

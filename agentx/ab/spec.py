@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import model_validator
 
 from ..config import RunConfig
-from ..options import FieldError, opt
+from ..options import FieldError, StrictModel, opt
 from ..rundir import default_dir, trace_label
 from ..sim.config import SimConfig
 
@@ -17,7 +17,16 @@ AB = "A/B comparison"
 SIDE_FIELDS = ("base_url",)
 
 
-class ABConfig(RunConfig):
+class BootstrapOptions(StrictModel):
+    """The intervals' options, declared once: `agentx ab` and `agentx compare` inherit them."""
+
+    bootstrap: int = opt(2000, "bootstrap replicates for the 95% intervals", group=AB,
+                         ge=100, le=100000)
+    min_sessions: int = opt(10, "a side with fewer measured sessions gets no verdict "
+                            "(insufficient): the intervals resample sessions", group=AB, ge=0)
+
+
+class ABConfig(RunConfig, BootstrapOptions):
     a: str | None = opt(None, "side A: a server URL (http://...) or a recipe name/path",
                         group=AB, min_length=1)
     b: str | None = opt(None, "side B: a server URL or a recipe name/path", group=AB,
@@ -36,10 +45,6 @@ class ABConfig(RunConfig):
                            "sim_profile (the default when neither a GPU nor vLLM is present); "
                            "--sim-* flags given apply on top", flag="sim",
                            old=("--recipe-sim",), group=AB)
-    bootstrap: int = opt(2000, "bootstrap replicates for the 95% intervals", group=AB,
-                         ge=100, le=100000)
-    min_sessions: int = opt(10, "a side with fewer measured sessions gets no verdict "
-                            "(insufficient): the intervals resample sessions", group=AB, ge=0)
     a_label: str | None = opt(None, "a name for side A in tables, plots and its runs' labels "
                               "(default: A)", group=AB, min_length=1, max_length=60)
     b_label: str | None = opt(None, "a name for side B (default: B)", group=AB, min_length=1,

@@ -53,6 +53,7 @@ class SideData:
     cols: dict[str, np.ndarray]
     window_s: float
     run_of: np.ndarray | None = None  # per session: index of its run (None: one run)
+    keys: list[str] | None = None  # per session: its session_key (pairing two runs' sessions)
 
     @property
     def n_runs(self) -> int:
@@ -95,7 +96,7 @@ def side_data(records: Sequence[dict], window_s: float,
             if m.den is not None:
                 cols[f"{m.key}/den"] = _column(meas, m.den)
     return SideData(owner=owner, n_sessions=len(ids), cols=cols, window_s=max(window_s, 1e-9),
-                    run_of=run_of)
+                    run_of=run_of, keys=list(ids))
 
 
 def weights(d: SideData, rng: np.random.Generator, replicates: int) -> np.ndarray:
@@ -114,6 +115,26 @@ def weights(d: SideData, rng: np.random.Generator, replicates: int) -> np.ndarra
         mine = np.flatnonzero(d.run_of == j)
         counts[:, mine] = rng.multinomial(runs[:, j] * mine.size, np.full(mine.size, 1.0 / mine.size))
     return counts[:, d.owner]
+
+
+def replay_key(key: str) -> str:
+    """A session's key without its run's prefix (`<run>-L3.7` -> `L3.7`): the same replay in
+    two runs of one seed (the planner picks each lane's sessions from the seed)."""
+    return key.split("-", 1)[-1]
+
+
+def paired_weights(a: SideData, b: SideData, rng: np.random.Generator,
+                   replicates: int) -> tuple[np.ndarray, np.ndarray]:
+    """(replicates, requests) multiplicities of both sides from ONE draw of sessions: the
+    union of both sides' replays (by replay_key) drawn with replacement, and a replay drawn k
+    times counts k times on each side that has it. Two runs of one seed replay the same
+    sessions on the same lanes, so a session's own difficulty (its context length, its think
+    times) falls on both sides alike and cancels from B - A instead of widening it."""
+    ka, kb = ([replay_key(k) for k in d.keys or ()] for d in (a, b))
+    union = sorted(set(ka) | set(kb))
+    idx = {k: i for i, k in enumerate(union)}
+    counts = rng.multinomial(len(union), np.full(len(union), 1.0 / len(union)), size=replicates)
+    return (counts[:, [idx[k] for k in ka]][:, a.owner], counts[:, [idx[k] for k in kb]][:, b.owner])
 
 
 def point(d: SideData, metrics: Sequence["ABMetric"] | None = None) -> dict[str, float | None]:
@@ -225,16 +246,19 @@ def too_thin(d: SideData, min_sessions: int, min_requests: int) -> str | None:
 
 def compare(a: SideData, b: SideData, *, replicates: int = 2000, seed: int = 0,
             level: float = 0.95, metrics: Sequence[ABMetric] = METRICS,
-            min_sessions: int = 0, min_requests: int = 0) -> dict:
+            min_sessions: int = 0, min_requests: int = 0, paired: bool = False) -> dict:
     """`{name: {a, b, diff, ratio, ci_low, ci_high, ratio_ci_low, ratio_ci_high, verdict}}`
     with the percentile-bootstrap interval of B - A (ci_*) and of B / A (ratio_ci_*); every
-    verdict is `insufficient` when a side has fewer sessions or requests than asked."""
+    verdict is `insufficient` when a side has fewer sessions or requests than asked.
+    `paired`: both sides' sessions are drawn together (paired_weights), for two runs of one
+    seed."""
     thin = too_thin(a, max(1, min_sessions), min_requests) \
         or too_thin(b, max(1, min_sessions), min_requests)
     empty = not a.n_sessions or not b.n_sessions  # nothing to resample: no interval
     rng = np.random.default_rng(seed)
     if not empty:
-        wa, wb = weights(a, rng, replicates), weights(b, rng, replicates)
+        wa, wb = paired_weights(a, b, rng, replicates) if paired \
+            else (weights(a, rng, replicates), weights(b, rng, replicates))
     with np.errstate(divide="ignore", invalid="ignore"):
         pa, pb = point(a, metrics), point(b, metrics)
     out = {}

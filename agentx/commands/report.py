@@ -11,12 +11,13 @@ from typing import Annotated
 
 from pydantic import BeforeValidator
 
+from ..metrics.cost import CostOption
 from ..metrics.goodput import slo_option
 from ..metrics.percentiles import PercentilesOption
 from ..options import add_arguments, from_args, opt
 
 
-class ReportOptions(PercentilesOption):
+class ReportOptions(PercentilesOption, CostOption):
     dirs: list[str] = opt(None, "run directories, or directories holding run directories",
                           factory=list, positional=True, metavar="DIR", min_length=1)
     gpus: int | None = opt(None, "GPUs behind the server, for runs that did not record --gpus "
@@ -28,6 +29,9 @@ class ReportOptions(PercentilesOption):
                         "--slo or runs made with --slo)")
     output_dir: str | None = opt(None, "where runs.csv and pareto.png go (default: the runs' "
                                  "common parent directory)", short="-o", old=("--out",))
+    cost: bool = opt(False, "Pareto on $ per million output tokens (lower is better) against "
+                     "interactivity instead of throughput (needs --gpu-hour-usd or runs made "
+                     "with it)")
     plots: bool = opt(True, "write PNG plots")
     aiperf: bool = opt(False, "also write each run's AIPerf export files into its "
                        "aiperf_artifacts/, what InferenceX's agentic aggregator reads "
@@ -64,6 +68,11 @@ def run(o: ReportOptions) -> int:
 
         for r in runs:
             add_percentiles(r.summary, r.records, o.percentiles)
+    if o.gpu_hour_usd is not None:  # priced here: in memory, the run's files untouched
+        from ..metrics.cost import cost_block
+
+        for r in runs:
+            r.summary["cost"] = cost_block(r.summary, o.gpu_hour_usd, o.gpus)
     for r in runs:
         for note in r.notes:
             console.print(f"agentx report: {r.dir}: {note}")
@@ -76,13 +85,15 @@ def run(o: ReportOptions) -> int:
     if len(runs) == 1:
         code = report_one(runs[0], console, plots=o.plots)
     else:
-        code = report_many(runs, out, console, goodput=o.goodput, gpus=o.gpus, plots=o.plots)
+        code = report_many(runs, out, console, goodput=o.goodput, gpus=o.gpus, plots=o.plots,
+                           cost=o.cost)
     if o.html is not None:
         from ..report.html import default_path, write_html
         from ..rundir import RunDir
 
         path = Path(o.html) if o.html else default_path(runs, out)
-        write_html(path, runs, ab_dirs=ab, goodput=o.goodput, gpus=o.gpus, plots=o.plots)
+        write_html(path, runs, ab_dirs=ab, goodput=o.goodput, gpus=o.gpus, plots=o.plots,
+                   cost=o.cost)
         if len(runs) == 1 and path.parent.resolve() == runs[0].dir.resolve():
             RunDir(runs[0].dir).register(path.name)  # --overwrite removes it with the run
         console.print(f"html: {path}")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from pydantic import field_validator, model_validator
 
 from ..config import SecondsOrAuto
+from ..metrics.cost import CostOption
 from ..metrics.percentiles import PercentilesOption
 from ..options import add_arguments, from_args, opt
 from ..rundir import default_dir
@@ -19,7 +20,7 @@ if TYPE_CHECKING:  # agentx.sweep is imported when a sweep runs, not for --help
     from ..sweep.search import SearchSpec
 
 
-class SweepCommand(Launch, PercentilesOption):
+class SweepCommand(Launch, PercentilesOption, CostOption):
     recipe: str = opt("", "recipe name (recipes/NAME.yaml) or file", positional=True,
                       metavar="NAME|PATH", min_length=1)
     base_url: str | None = opt(None, "use this running server for every point instead of "
@@ -95,7 +96,8 @@ class SweepCommand(Launch, PercentilesOption):
 
         out: dict = {k: v for k, v in (("duration_s", self.duration_s),
                                        ("warmup_s", self.warmup_s),
-                                       ("percentiles", self.percentiles)) if v is not None}
+                                       ("percentiles", self.percentiles),
+                                       ("gpu_hour_usd", self.gpu_hour_usd)) if v is not None}
         for item in self.run_set:
             key, _, value = item.partition("=")
             out[key.strip()] = load_value(value, "command line --set")

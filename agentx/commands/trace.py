@@ -19,8 +19,9 @@ _LABELS = {"turns_per_session": "turns/session", "first_prompt_tokens": "first p
 
 
 class StatsOptions(StrictModel):
-    trace: str = opt("", "built-in name (swe), a Weka JSON file/dir/archive or a Mooncake "
-                     "JSONL", positional=True, metavar="NAME|PATH", min_length=1)
+    trace: str = opt("", "built-in name (swe) or a file, directory or archive in a format "
+                     "agentx reads (Weka JSON, Mooncake, AIPerf multi-turn or Bailian JSONL, "
+                     "OTel GenAI spans; docs/traces.md)", positional=True, metavar="NAME|PATH", min_length=1)
     as_json: bool = opt(False, "print the statistics as JSON", flag="json")
     lru_capacity: int | None = opt(None, "also the hit rate of one LRU cache of this many "
                                    "tokens, the whole set replayed one session after another "
@@ -99,6 +100,8 @@ def print_stats(st: dict) -> None:
              (f"theoretical prefix-cache hit rate, infinite in-session cache: "
               f"{100 * st['prefix_hit_rate_overall']:.1f}% token-weighted"
               f" (per-session mean {_fmt('prefix_hit_rate', hit)})")]
+    if st.get("formats"):
+        lines.append(f"format: {', '.join(st['formats'])} (docs/traces.md)")
     if st.get("lru"):
         lines.append(f"LRU cache of {st['lru']['capacity_tokens']:,} tokens, sessions replayed "
                      f"one after another: {100 * st['lru']['hit_rate']:.1f}%")

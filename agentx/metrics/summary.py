@@ -17,6 +17,7 @@ from ..records import record_problem
 from .catalog import DISTS, RATIOS
 from .definitions import prompt_tokens
 from .percentiles import pct_key
+from .sessions import per_turn, session_rows, session_summary
 
 __all__ = ["add_percentiles", "dist", "measured", "summarize"]
 
@@ -34,10 +35,12 @@ def _by_class(failed: list[dict]) -> dict[str, int]:
 
 def summarize(records: list[dict], *, window_s: float, gpus: int | None = None,
               block_size: int | None = None, kv_pool_tokens: int | None = None,
-              percentiles: Sequence[float] | None = None) -> dict:
+              percentiles: Sequence[float] | None = None,
+              last_turns: Mapping[str, int] | None = None) -> dict:
     """The summary numbers other tools read (keys are a contract: see docs/metrics.md).
     `percentiles` (--percentiles) adds keys to the catalog's distributions and is recorded
-    as the summary's `percentiles`, which its views show."""
+    as the summary's `percentiles`, which its views show. `last_turns` (trace id -> its last
+    turn index) tells which sessions ran to their end (metrics/sessions.py)."""
     extra = [(pct_key(q), q) for q in percentiles or ()]
     meas, impossible = [], []
     for r in records:
@@ -100,6 +103,8 @@ def summarize(records: list[dict], *, window_s: float, gpus: int | None = None,
     for m in RATIOS:  # output_tok_s, achieved_hit_rate: defined once, for A/B too
         out[m.summary[0]][m.summary[1]] = m.over(meas, window_s)
     out["percentiles"] = list(percentiles) if percentiles else None
+    out["per_session"] = session_summary(session_rows(records, last_turns))
+    out["per_turn"] = per_turn(records)
     return out
 
 

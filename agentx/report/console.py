@@ -8,6 +8,7 @@ from ..metrics.arrivals import arrivals_line
 from ..metrics.catalog import DISTS
 from ..metrics.percentiles import pct_key, shown
 from ..metrics.window import headline, not_steady_note
+from .sessions import sessions_line
 from .target import target_text
 
 WIDE = 200  # columns when stdout is not a terminal: a file or a pipe gets whole numbers
@@ -72,6 +73,11 @@ def summary_lines(summary: dict, verdict: bool = True) -> list[str]:
     ]
     if (summary.get("energy") or {}).get("source"):
         lines.append(energy_line(summary["energy"]))
+    if summary.get("cost"):
+        lines.append(cost_line(summary["cost"]))
+    sessions = sessions_line(summary)
+    if sessions:
+        lines.append(sessions)
     lines[1:1] = window_lines(summary)
     if summary.get("arrivals"):  # open loop: offered vs achieved, the cap's waits
         lines.insert(1, arrivals_line(summary["arrivals"]))
@@ -156,6 +162,23 @@ def cache_line(cache: dict) -> str:
                  f"{_pct(cache.get('theoretical_hit_rate_pool'))}")
     theory = f"infinite-cache theory{'' if pool else ', used by validation'}: "
     return f"{line}; {theory}{_pct(cache.get('theoretical_hit_rate'))}"
+
+
+def cost_line(c: dict) -> str:
+    """`cost ($2.50/GPU-h x 8 GPUs, headline rate): $0.12 per M input tokens, ...`, or why
+    there is no figure (a GPU count unknown is never taken for 1)."""
+    head = f"cost (${c['gpu_hour_usd']:g}/GPU-h x {c.get('gpus') or '?'} GPUs"
+    if c.get("unknown"):
+        return f"{head}): unknown — {c['unknown']}"
+
+    def usd(v: float | None) -> str:
+        return "-" if v is None else f"${v:,.4g}"
+    return (f"{head}, {c.get('throughput_source') or '?'} rate): "
+            f"{usd(c.get('usd_per_m_input_tokens'))}/M input, "
+            f"{usd(c.get('usd_per_m_output_tokens'))}/M output, "
+            f"{usd(c.get('usd_per_m_total_tokens'))}/M total tokens; "
+            f"{usd(c.get('usd_per_request'))}/request, {usd(c.get('usd_per_session'))}/session "
+            "(docs/metrics.md, Cost)")
 
 
 def energy_line(e: dict) -> str:

@@ -28,7 +28,7 @@ from ..metrics.catalog import DISTS
 from ..metrics.percentiles import pct_key, shown
 from ..rundir import RunDir
 from .console import THIN_P99, summary_lines, title
-from .pareto import INTERACTIVITY, frontier_key, mark_frontiers, run_row
+from .pareto import INTERACTIVITY, frontier_key, mark_frontiers, pareto_y, run_row
 from .rebuild import Run
 from .target import target_text
 
@@ -56,13 +56,15 @@ def default_path(runs: list[Run], out: Path) -> Path:
 
 
 def write_html(path: Path, runs: list[Run], *, ab_dirs: list[Path] = (), goodput: bool = False,
-               gpus: int | None = None, plots: bool = True) -> Path:
-    """Write the report; `plots=False` leaves the figures out (tables and text only)."""
+               gpus: int | None = None, plots: bool = True, cost: bool = False,
+               head: list[str] = ()) -> Path:
+    """Write the report; `plots=False` leaves the figures out (tables and text only); `head`:
+    sections (HTML) that go first (`agentx compare`'s comparisons)."""
     with tempfile.TemporaryDirectory(prefix="agentx-html-") as tmp:
         figs = Figures(Path(tmp), plots)
-        parts = [_ab_section(d, figs) for d in ab_dirs]
+        parts = [*head, *(_ab_section(d, figs) for d in ab_dirs)]
         if len(runs) > 1:
-            parts.append(_pareto_section(runs, short_names(runs), figs, goodput, gpus))
+            parts.append(_pareto_section(runs, short_names(runs), figs, goodput, gpus, cost))
         names = short_names(runs)
         parts += [_run_section(r, names[i], figs, i, open_=len(runs) <= OPEN_UP_TO)
                   for i, r in enumerate(runs)]
@@ -113,6 +115,7 @@ def short_names(runs: list[Run]) -> list[str]:
 def _run_section(run: Run, name: str, figs: Figures, i: int, open_: bool) -> str:
     from .plots import gpu_power, latency_cdfs, server_timeseries
     from .runs import plot_title
+    from .sessions import html_section, per_turn_plot
 
     s = run.summary
     head = f"{escape(name)} — {escape(target_text(s))}"
@@ -122,6 +125,8 @@ def _run_section(run: Run, name: str, figs: Figures, i: int, open_: bool) -> str
     body += [_notes(run.notes), _verdict(s), _latency_table(s), _lines(s)]
     ptitle = plot_title(run)
     body.append(figs.img(lambda p: latency_cdfs(run.records, p, ptitle), "latency CDFs"))
+    body.append(html_section(s))
+    body.append(figs.img(lambda p: per_turn_plot(s, p, ptitle), "per-turn TTFT and hit rate"))
     if run.metrics:
         body.append(figs.img(lambda p: server_timeseries(run.metrics, p, ptitle, s, run.records),
                              "server time series"))
@@ -211,12 +216,11 @@ def _config(s: dict) -> str:
 
 
 def _pareto_section(runs: list[Run], names: list[str], figs: Figures, goodput: bool,
-                    gpus: int | None) -> str:
+                    gpus: int | None, cost: bool = False) -> str:
     from .plots import pareto_plot
 
     rows = [run_row(str(r.dir), r.summary, r.records, gpus) for r in runs]
-    y, y_label = ("goodput_tok_s_per_gpu", "goodput tok/s per GPU") if goodput \
-        else ("total_tok_s_per_gpu", "throughput tok/s per GPU")
+    y, y_label = pareto_y(goodput, cost)
     mark_frontiers(rows, y)
     cols = ["run", "conc", "n", y_label, "TTFT p50 ms", "TPOT p50 ms",
             *(x for _, x in INTERACTIVITY), "verdict"]
@@ -247,6 +251,13 @@ def _ab_section(d: Path, figs: Figures) -> str:
     if doc is None:
         return f"<section><h2>A/B</h2><p>{escape(str(d / AB_JSON))} is {escape(broken)}</p>" \
                "</section>"
+    png = d / AB_PNG
+    return ab_html(doc, png_img(png, "A/B CDFs") if figs.on and png.is_file() else "")
+
+
+def ab_html(doc: dict, fig: str, heading: str = "A/B") -> str:
+    """An ab.json-shaped comparison (`agentx ab`, `agentx compare`) as a section: its sides,
+    the table with intervals and verdicts, why a side has none, and the figure `fig`."""
     la, lb = doc["a"].get("label") or "A", doc["b"].get("label") or "B"
     cols = ["metric", la, lb, f"{lb} - {la}", "95% CI", f"{lb} / {la}", "verdict"]
     verdicts = {"a_better": f"{la} better", "b_better": f"{lb} better",
@@ -271,10 +282,10 @@ def _ab_section(d: Path, figs: Figures) -> str:
         f"{escape(', '.join(map(str, doc[k].get('validation') or [])))}</li>" for k in ("a", "b"))
     notes = "".join(f"<p><b>no verdict</b>: {escape(str(k))}: {escape(str(v))}</p>"
                     for k, v in (doc.get("insufficient") or {}).items())
-    png = d / AB_PNG
-    fig = png_img(png, "A/B CDFs") if figs.on and png.is_file() else ""
+    notes += "".join(f"<p><b>warning</b>: {escape(str(w))}</p>" for w in doc.get("warnings") or [])
     how = (doc.get("bootstrap") or {}).get("resampled", "sessions")
-    return (f"<section id=ab><h2>A/B: {escape(la)} against {escape(lb)}</h2><ul>{sides}</ul>"
+    return (f"<section id=ab><h2>{escape(heading)}: {escape(la)} against {escape(lb)}</h2>"
+            f"<ul>{sides}</ul>"
             f"<table><caption>95% CI: bootstrap interval of {escape(lb)} - {escape(la)}, "
             f"resampling {escape(str(how))}</caption><tr>"
             + "".join(f"<th>{escape(c)}</th>" for c in cols) + f"</tr>{''.join(rows)}</table>"

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..metrics.catalog import csv_columns
+from ..metrics.cost import cost_columns
 from ..metrics.definitions import interactivity_tok_s
 from ..metrics.summary import measured
 from ..metrics.window import headline
@@ -30,13 +31,29 @@ INTERACTIVITY = (("interactivity_tok_s_user", "1000 / TPOT p50 (tok/s/user)"),
                  ("e2e_interactivity_tok_s_user", "1000 / p90(E2E / OSL) (tok/s/user)"))
 
 
-def frontier(points: Sequence[tuple[float | None, float | None]]) -> list[int]:
-    """Indices of the non-dominated (x, y) points, both maximised, in increasing x. Points
-    with a missing coordinate are never on it; equal points are all kept."""
-    ok = [(i, x, y) for i, (x, y) in enumerate(points) if x is not None and y is not None]
+# y columns where lower is better (the frontier minimises them)
+LOWER_BETTER = frozenset({"usd_per_m_output_tokens"})
+
+
+def pareto_y(goodput: bool = False, cost: bool = False) -> tuple[str, str]:
+    """The Pareto plot's y column and label: throughput per GPU, goodput per GPU (--goodput)
+    or $ per million output tokens (--cost)."""
+    if cost:
+        return "usd_per_m_output_tokens", "$ per million output tokens"
+    return ("goodput_tok_s_per_gpu", "goodput tok/s per GPU") if goodput \
+        else ("total_tok_s_per_gpu", "throughput tok/s per GPU")
+
+
+def frontier(points: Sequence[tuple[float | None, float | None]],
+             lower_y: bool = False) -> list[int]:
+    """Indices of the non-dominated (x, y) points, both maximised (y minimised with
+    `lower_y`: a cost), in increasing x. Points with a missing coordinate are never on it;
+    equal points are all kept."""
+    ok = [(i, x, -y if lower_y else y) for i, (x, y) in enumerate(points)
+          if x is not None and y is not None]
     keep = [i for i, x, y in ok
             if not any(x2 >= x and y2 >= y and (x2 > x or y2 > y) for _, x2, y2 in ok)]
-    return sorted(keep, key=lambda i: (points[i][0], -points[i][1]))
+    return sorted(keep, key=lambda i: (points[i][0], points[i][1] if lower_y else -points[i][1]))
 
 
 def e2e_interactivity(records: list[dict]) -> float | None:
@@ -81,6 +98,7 @@ def run_row(name: str, summary: dict, records: list[dict], gpus: int | None = No
         "hit_rate": (summary.get("cache") or {}).get("achieved_hit_rate"),
         "server_hit_rate": ((summary.get("server_metrics") or {}).get("prefix_cache")
                             or {}).get("hit_rate"),
+        **cost_columns(summary),  # $ per M tokens, per request, per session (--gpu-hour-usd)
         "validation": v,
         "slo_answer": bool(((summary.get("sweep") or {}).get("slo_answer"))),
         "labels": ";".join(f"{k}={x}" for k, x in (summary.get("labels") or {}).items()),
@@ -103,7 +121,8 @@ def mark_frontiers(rows: list[dict], y: str = "total_tok_s_per_gpu") -> list[dic
     """Add `frontier_<x>` booleans to each row, one per interactivity definition; only
     publishable runs take part."""
     for col, _ in INTERACTIVITY:
-        on = set(frontier([(r[col], r[y]) if publishable(r) else (None, None) for r in rows]))
+        on = set(frontier([(r[col], r[y]) if publishable(r) else (None, None) for r in rows],
+                          y in LOWER_BETTER))
         for i, r in enumerate(rows):
             r[frontier_key(col)] = i in on
     return rows

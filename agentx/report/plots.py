@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import InputError
 from ..metrics.catalog import RUN_CDF, cdf_metrics, dist_named
 from ..metrics.summary import measured
-from .pareto import INTERACTIVITY, frontier, publishable
+from .pareto import INTERACTIVITY, LOWER_BETTER, frontier, publishable
 
 DPI = 110
 
@@ -218,7 +218,7 @@ def pareto_plot(rows: list[dict], path: Path, y: str, y_label: str,
                        marker="*", facecolors="none", edgecolors="black", lw=1.2,
                        label="SLO search answer", zorder=3)
         front = [i for i in frontier([p if publishable(r) else (None, None)
-                                      for p, r in zip(pts, rows)])]
+                                      for p, r in zip(pts, rows)], y in LOWER_BETTER)]
         if front:
             ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], color="C3", lw=1.5,
                     marker="o", mfc="none", ms=10, label="Pareto frontier")

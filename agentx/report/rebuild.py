@@ -115,9 +115,28 @@ def load_run(run_dir: Path, *, gpus: int | None = None, slo: dict | None = None)
         if not broken:
             notes.append(f"no {SUMMARY}: rebuilt it from {len(records)} records"
                          + (f" and {len(metrics)} /metrics scrapes" if metrics else ""))
+    if "per_session" not in summary:  # a run from before per-session results: in memory
+        summary.update({k: v for k, v in summarize(
+            records, window_s=0.0, last_turns=last_turns_of(summary)).items()
+            if k in ("per_session", "per_turn")})
     if slo and (summary.get("goodput") or {}).get("slo_ms") != slo:
         summary["goodput"] = goodput(records, slo, summary["throughput"]["window_s"])
     return Run(run_dir, summary, records, metrics, gpu=gpu, notes=notes)
+
+
+def last_turns_of(summary: dict) -> dict[str, int] | None:
+    """The last turn index of every trace of the run's --trace, when it still loads (a
+    built-in name, or a file still there): which sessions ran to their end. None otherwise
+    (metrics/sessions.py then falls back to the lane rule)."""
+    from ..trace.load import load_traces
+
+    trace = (summary.get("config") or {}).get("trace")
+    if not trace:
+        return None
+    try:
+        return load_traces(str(trace)).last_turns()
+    except (InputError, OSError, ValueError):
+        return None
 
 
 def read_run_json(run_dir: Path) -> dict | None:
@@ -160,7 +179,8 @@ def rebuild_summary(records: list[dict], metrics: list[dict], *, gpus: int | Non
     sm_ = server or {}
     auto = ((meta or {}).get("config") or {}).get("warmup_s") == "auto"
     s = summarize(records, window_s=measurement_window_s(records, auto), gpus=gpus,
-                  block_size=sm_.get("kv_block_size"), kv_pool_tokens=sm_.get("kv_pool_tokens"))
+                  block_size=sm_.get("kv_block_size"), kv_pool_tokens=sm_.get("kv_pool_tokens"),
+                  last_turns=last_turns_of(meta or {}))
     if slo:
         s["goodput"] = goodput(records, slo, s["throughput"]["window_s"])
     s["server_metrics"] = server

@@ -12,8 +12,8 @@ from rich.table import Table
 
 from ..errors import InputError
 from ..rundir import RunDir
-from .pareto import INTERACTIVITY, frontier_key, mark_frontiers, run_row
-from .rebuild import Run
+from .pareto import INTERACTIVITY, frontier_key, mark_frontiers, pareto_y, run_row
+from .rebuild import Run, last_turns_of
 from .target import target_text
 
 CSV_NAME, PARETO_PNG = "runs.csv", "pareto.png"
@@ -23,8 +23,17 @@ def report_one(run: Run, console: Console, *, plots: bool = True) -> int:
     from .console import print_summary
 
     print_summary(run.summary, console)
+    if not (run.dir / RunDir.SESSIONS_CSV).exists():  # a run from before they were written
+        from ..errors import OutputError
+        from .sessions import write_session_files
+
+        try:
+            write_session_files(run.dir, run.records, last_turns_of(run.summary))
+        except OutputError as e:  # a read-only run directory: the report goes on without them
+            console.print(f"agentx report: {e.path}: not written ({e.reason})")
     if plots:
         from .plots import gpu_power, latency_cdfs, server_timeseries
+        from .sessions import per_turn_plot
 
         title = plot_title(run)
         made = [latency_cdfs(run.records, run.dir / RunDir.LATENCY_CDF, title)]
@@ -34,6 +43,7 @@ def report_one(run: Run, console: Console, *, plots: bool = True) -> int:
         if run.gpu:
             made.append(gpu_power(run.gpu, run.dir / RunDir.GPU_POWER, title, run.summary,
                                   run.records))
+        made.append(per_turn_plot(run.summary, run.dir / RunDir.PER_TURN, title))
         RunDir(run.dir).register(*(p.name for p in made))  # --overwrite removes them, nothing else
         console.print("plots: " + ", ".join(str(p) for p in made))
     return 0
@@ -47,12 +57,15 @@ def plot_title(run: Run) -> str:
 
 
 def report_many(runs: list[Run], out: Path, console: Console, *, goodput: bool = False,
-                gpus: int | None = None, plots: bool = True, missing: list[str] = ()) -> int:
+                gpus: int | None = None, plots: bool = True, missing: list[str] = (),
+                cost: bool = False) -> int:
     """runs.csv, the frontier table and pareto.png; `missing`: runs that produced no result
     (a sweep's failed cells), listed under the plot."""
     rows = [run_row(str(r.dir), r.summary, r.records, gpus) for r in runs]
-    y, y_label = ("goodput_tok_s_per_gpu", "goodput tok/s per GPU") if goodput \
-        else ("total_tok_s_per_gpu", "throughput tok/s per GPU")
+    y, y_label = pareto_y(goodput, cost)
+    if cost and all(r[y] is None for r in rows):
+        raise InputError(rows[0]["run"], "has no cost: give --gpu-hour-usd (and --gpus for "
+                         "runs that did not record their GPU count)", field="--cost")
     if goodput:
         missing = [r["run"] for r in rows if r[y] is None]
         if missing:

@@ -28,8 +28,8 @@ import orjson
 from ..errors import InputError
 from ..shipped import data_dir
 from .model import Trace, TraceSet
-from .mooncake import looks_like_mooncake, parse_mooncake
-from .weka import decode_json, traces_from_json
+from .readers import Mooncake, Reader, for_document, for_record
+from .weka import decode_json
 
 BUILTIN_TRACES = {"swe": "swe.tar.xz"}
 TRACES_DIR_ENV = "AGENTX_TRACES_DIR"
@@ -252,18 +252,40 @@ def _load_tar(path: Path, comp: str, budget: _Budget) -> list[Trace]:
 
 
 def parse_blob(data: bytes, name: str, source: str) -> list[Trace]:
-    """Sessions in one decompressed file; `name` (e.g. 'trace_0001.json') picks the format
-    and default session id; a .json whose first line is a Mooncake record is Mooncake too."""
+    """Sessions in one decompressed file, by the reader (agentx/trace/readers.py) whose format
+    it is: a .jsonl, or a .json whose first line is a record of a JSONL format, by its first
+    record (Mooncake when none claims it: its parser names what is wrong); any other JSON
+    document by its shape (Weka when no other claims it). `name` (e.g. 'trace_0001.json')
+    gives the default session id."""
     stem = _stem(name)
     if name.lower().endswith(".jsonl"):
-        return parse_mooncake(data, source, stem)
+        return _read(for_record(first_record(data)) or Mooncake, data, None, source, stem)
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError:
-        first = data.split(b"\n", 1)[0]
-        if looks_like_mooncake(first):
-            return parse_mooncake(data, source, stem)
+        reader = for_record(first_record(data))
+        if reader:
+            return _read(reader, data, None, source, stem)
         doc = decode_json(data, source)  # raises with the line of the syntax error
-    if isinstance(doc, dict) and "input_length" in doc and "requests" not in doc:
-        return parse_mooncake(data, source, stem)
-    return traces_from_json(doc, source, stem)
+    if isinstance(doc, dict) and (reader := for_record(doc)):  # a one-line JSONL file
+        return _read(reader, data, None, source, stem)
+    return _read(for_document(doc), data, doc, source, stem)
+
+
+def first_record(data: bytes) -> object:
+    """The first non-blank line as JSON (None when it is not JSON)."""
+    for line in data.split(b"\n", 64):
+        if line.strip():
+            try:
+                return orjson.loads(line)
+            except orjson.JSONDecodeError:
+                return None
+    return None
+
+
+def _read(reader: type[Reader], data: bytes, doc: object, source: str,
+          stem: str) -> list[Trace]:
+    traces = reader.parse(data, doc, source, stem)
+    for t in traces:
+        t.reader = reader.kind
+    return traces

@@ -65,6 +65,7 @@ class Trace:
     # when the session began in the source trace, in seconds (Mooncake: its first request's
     # timestamp); --arrivals trace starts each session at it. None: the trace has no clock.
     start_s: float | None = None
+    reader: str = ""  # the kind of the trace reader that read it (agentx/trace/readers.py)
 
     @property
     def turns(self) -> list[Turn]:
@@ -83,3 +84,8 @@ class TraceSet:
     name: str
     traces: list[Trace] = field(default_factory=list)
     block_size: int = 64
+
+    def last_turns(self) -> dict[str, int]:
+        """Trace id -> index of its last own turn: a replay that sent it ran to the end
+        (per-session results, metrics/sessions.py)."""
+        return {t.id: len(t.turns) - 1 for t in self.traces}

@@ -19,6 +19,8 @@ capture later sessions that share that system prompt (rule b cannot tell them ap
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import orjson
 
 from ..errors import InputError
@@ -27,13 +29,20 @@ from .model import MAX_SECONDS, MAX_TOKENS, Trace, Turn
 MOONCAKE_BLOCK_SIZE = 512
 
 
-def looks_like_mooncake(line: bytes) -> bool:
-    """True if one JSON line is a Mooncake request record (not a Weka session)."""
-    try:
-        obj = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(obj, dict) and "input_length" in obj and "requests" not in obj
+def json_rows(data: bytes, source: str) -> Iterator[tuple[int, dict]]:
+    """(line number, object) per non-blank line of a JSONL file (every JSONL trace format);
+    a line that is not a JSON object is an InputError naming it."""
+    for lineno, line in enumerate(data.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError as err:
+            raise InputError(source, f"invalid JSON: {err.msg} (column {err.colno})",
+                             line=lineno) from None
+        if not isinstance(obj, dict):
+            raise InputError(source, "a request must be a JSON object", line=lineno)
+        yield lineno, obj
 
 
 def parse_mooncake(data: bytes, source: str, name: str) -> list[Trace]:
@@ -71,16 +80,7 @@ def parse_mooncake(data: bytes, source: str, name: str) -> list[Trace]:
 def _records(data: bytes, source: str) -> list[list]:
     """[timestamp_ms, line, input_length, output_length, hash_ids | None] per non-blank line."""
     recs = []
-    for lineno, line in enumerate(data.split(b"\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError as err:
-            raise InputError(source, f"invalid JSON: {err.msg} (column {err.colno})",
-                             line=lineno) from None
-        if not isinstance(obj, dict):
-            raise InputError(source, "a request must be a JSON object", line=lineno)
+    for lineno, obj in json_rows(data, source):
         ts = obj.get("timestamp")
         if type(ts) not in (int, float) or not 0 <= ts <= MAX_SECONDS * 1000:  # ms
             raise InputError(source, f"must be a number in [0, {MAX_SECONDS * 1000:g}] ms "

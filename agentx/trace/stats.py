@@ -88,6 +88,7 @@ def trace_stats(ts: TraceSet, lru_capacity_tokens: int | None = None) -> dict:
     n_turns = sum(p["turns"])
     out = {
         "name": ts.name,
+        "formats": sorted({t.reader for t in ts.traces if t.reader}),  # trace readers' kinds
         "sessions": len(parents),
         "turns": n_turns,
         "subagents": len(subs),

@@ -93,3 +93,29 @@ def test_nothing_stored_and_nothing_loaded():
     assert v["verdict"] == "pass"
     assert any(r.startswith("offload_hits: the pool-aware theory expects no hits")
                for r in v["skipped"])
+
+
+def test_a_run_whose_mooncake_tier_turns_over_says_so_in_one_line(tmp_path, capsys):
+    """The embedded simulator with a Mooncake tier far smaller than the lanes cycle through
+    (8 lanes of ~5,000-token sessions, a 16,384-token pool, a 4,900-token tier): every computed
+    block is put and overwritten before its session returns. The run passes (the eager theory
+    expects 0.0% from the tier) and names the store that never loaded in one line."""
+    import json
+
+    from agentx.cli import main
+    from helpers import write_trace
+
+    trace = write_trace(tmp_path / "tr", sessions=30, turns=8, think=0.0, out=20)
+    out = tmp_path / "out"
+    rc = main(["run", "--trace", str(trace), "--conc", "8", "--duration", "6", "--drain-timeout",
+               "20", "--no-progress", "-o", str(out), "--sim-profile", "cpu-tiny",
+               "--sim-kv-pool-tokens", "16384", "--sim-kv-offload", "mooncake",
+               "--sim-offload-gb", "0.02", "--sim-time-scale", "2"])
+    s = json.loads((out / "summary.json").read_text())
+    off = s["server_metrics"]["offload"]
+    assert off["stores"]["mooncake_keys_saved"] > 0 and off["loads"]["mooncake_keys_loaded"] == 0
+    assert s["cache"]["offload_eager"] is True
+    assert rc == 0 and s["validation"]["verdict"] == "pass", s["validation"]["reasons"]
+    err = capsys.readouterr().err
+    [line] = [x for x in err.splitlines() if x.startswith("agentx: warning: offload:")]
+    assert "blocks and loaded none, as the tier theory predicts (0.0% from the tier)" in line

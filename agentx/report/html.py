@@ -28,7 +28,14 @@ from ..metrics.catalog import DISTS
 from ..metrics.percentiles import pct_key, shown
 from ..rundir import RunDir
 from .console import THIN_P99, summary_lines, title
-from .pareto import INTERACTIVITY, frontier_key, mark_frontiers, run_row
+from .pareto import (
+    INTERACTIVITY,
+    frontier_key,
+    in_flight_text,
+    mark_frontiers,
+    run_row,
+    throughput_axis,
+)
 from .rebuild import Run
 from .target import target_text
 
@@ -215,17 +222,16 @@ def _pareto_section(runs: list[Run], names: list[str], figs: Figures, goodput: b
     from .plots import pareto_plot
 
     rows = [run_row(str(r.dir), r.summary, r.records, gpus) for r in runs]
-    y, y_label = ("goodput_tok_s_per_gpu", "goodput tok/s per GPU") if goodput \
-        else ("total_tok_s_per_gpu", "throughput tok/s per GPU")
+    y, y_label = throughput_axis(rows, goodput)
     mark_frontiers(rows, y)
-    cols = ["run", "conc", "n", y_label, "TTFT p50 ms", "TPOT p50 ms",
+    cols = ["run", "load", "in flight mean/p90", "n", y_label, "TTFT p50 ms", "TPOT p50 ms",
             *(x for _, x in INTERACTIVITY), "verdict"]
     body = []
     for i, r in sorted(enumerate(rows), key=lambda t: (t[1]["conc"] or 0, t[1]["run"])):
         inter = [_num(r[c]) + (" *" if r[frontier_key(c)] else "") for c, _ in INTERACTIVITY]
         answer = " <b>(SLO answer)</b>" if r.get("slo_answer") else ""  # a sweep's --search
         cells = [f'<a href="#run-{i}">{escape(names[i])}</a>{answer}',
-                 escape(str(r["conc"] or "")), str(r["completed"]), _num(r[y]),
+                 escape(r["load"]), escape(in_flight_text(r)), str(r["completed"]), _num(r[y]),
                  _num(r["ttft_p50_ms"]), _num(r["tpot_p50_ms"]), *map(escape, inter),
                  escape(r["validation"] or "-") + (" (rebuilt)" if r["rebuilt"] else "")]
         body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")

@@ -1,6 +1,7 @@
 """Live progress while a run goes, answering "how long, and is it healthy?": the phase
 (starting, ramp-up, warm-up, measuring, draining), elapsed and remaining time, sessions in
-progress and requests in flight, throughput and errors so far, recent TTFT and TPOT.
+progress and requests in flight, throughput since the warm-up ended, errors so far, recent
+TTFT and TPOT.
 
 A rich Live panel on a terminal; on a pipe/CI a plain status line at every phase change and
 every few seconds between, and one when the run ends. The engine's LiveStats carries the
@@ -70,9 +71,13 @@ def _p50(xs: list[float]) -> str:
 
 
 def _rates(s: LiveStats, elapsed: float) -> str:
-    if elapsed <= 0:
-        return "-"
-    return f"{s.done / elapsed:.2f} req/s, {s.output_tokens / elapsed:,.0f} output tok/s"
+    """Requests and output tokens done per second since the warm-up ended (the headline's
+    window; the start-up's cold prompts left out), `-` before."""
+    span = elapsed - s.warmup_end_s if s.warmup_end_s is not None else 0.0
+    if span <= 0:
+        return "- req/s, - output tok/s"
+    return (f"{s.window_done / span:.2f} req/s, {s.window_output_tokens / span:,.0f} "
+            "output tok/s")
 
 
 def _sessions(s: LiveStats, sep: str = "/", unit: str = "") -> str:
@@ -88,7 +93,7 @@ def status_line(s: LiveStats, elapsed: float, finished: bool = False) -> str:
     """One line for logs: `[  12.0s] measuring | left 48 s | sessions 8/8 | ...`."""
     return (f"[{elapsed:6.1f}s] {phase(s, elapsed, finished)} | left "
             f"{remaining(s, elapsed, finished)} | sessions "
-            f"{_sessions(s)} | in flight {s.in_flight} | done {s.done} | "
+            f"{_sessions(s)} | in flight {s.in_flight} | done {s.done} | since warm-up "
             f"{_rates(s, elapsed)} | errors {_errors(s)} | TTFT p50 {_p50(s.recent_ttft_ms)} ms"
             f" | TPOT p50 {_p50(s.recent_tpot_ms)} ms")
 
@@ -101,7 +106,7 @@ def _table(s: LiveStats, elapsed: float, title: str) -> Table:
     t.add_row("sessions in progress", _sessions(s, " / ", " lanes"))
     t.add_row("requests in flight", str(s.in_flight))
     t.add_row("requests done", str(s.done))
-    t.add_row("throughput so far", _rates(s, elapsed))
+    t.add_row("throughput since the warm-up", _rates(s, elapsed))
     t.add_row("errors", _errors(s))
     t.add_row("TTFT p50 (last 512)", f"{_p50(s.recent_ttft_ms)} ms")
     t.add_row("TPOT p50 (last 512)", f"{_p50(s.recent_tpot_ms)} ms")

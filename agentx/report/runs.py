@@ -12,7 +12,14 @@ from rich.table import Table
 
 from ..errors import InputError
 from ..rundir import RunDir
-from .pareto import INTERACTIVITY, frontier_key, mark_frontiers, run_row
+from .pareto import (
+    INTERACTIVITY,
+    frontier_key,
+    in_flight_text,
+    mark_frontiers,
+    run_row,
+    throughput_axis,
+)
 from .rebuild import Run
 from .target import target_text
 
@@ -51,8 +58,7 @@ def report_many(runs: list[Run], out: Path, console: Console, *, goodput: bool =
     """runs.csv, the frontier table and pareto.png; `missing`: runs that produced no result
     (a sweep's failed cells), listed under the plot."""
     rows = [run_row(str(r.dir), r.summary, r.records, gpus) for r in runs]
-    y, y_label = ("goodput_tok_s_per_gpu", "goodput tok/s per GPU") if goodput \
-        else ("total_tok_s_per_gpu", "throughput tok/s per GPU")
+    y, y_label = throughput_axis(rows, goodput)
     if goodput:
         missing = [r["run"] for r in rows if r[y] is None]
         if missing:
@@ -82,14 +88,15 @@ def write_csv(rows: list[dict], path: Path) -> Path:
 def print_pareto(rows: list[dict], y: str, y_label: str, console: Console) -> None:
     t = Table(title=f"{len(rows)} runs: {y_label} against interactivity in tok/s/user "
                     "(* = on the Pareto frontier; runs whose verdict is not pass stay off it)")
-    for c in ("run", "conc", "n", y_label.replace(" per GPU", "/GPU"), "TTFT p50 ms",
+    for c in ("run", "load", "in flight mean/p90", "n", y_label.replace(" per GPU", "/GPU"),
+              "TTFT p50 ms",
               "TPOT p50 ms", "1000/TPOT p50", "1000/p90(E2E/OSL)", "verdict"):
         t.add_column(c, justify="left" if c in ("run", "verdict") else "right")
     for r in sorted(rows, key=lambda r: (r["conc"] or 0, r["run"])):
         inter = [_f(r[c]) + (" *" if r[frontier_key(c)] else "") for c, _ in INTERACTIVITY]
         name = os.path.basename(r["run"])
-        t.add_row(f"{r['point']}/{name}" if r["point"] else name, str(r["conc"] or ""),
-                  str(r["completed"]), _f(r[y]),
+        t.add_row(f"{r['point']}/{name}" if r["point"] else name, r["load"],
+                  in_flight_text(r), str(r["completed"]), _f(r[y]),
                   _f(r["ttft_p50_ms"]), _f(r["tpot_p50_ms"]), *inter, r["validation"]
                   + (" (rebuilt)" if r["rebuilt"] else ""))
     console.print(t)

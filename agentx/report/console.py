@@ -55,8 +55,8 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         t.caption = (f"n: values per metric; † p99 or above of fewer than {THIN_P99} values "
                      "(near the maximum)")
     console.print(t)
-    for ln in summary_lines(summary):
-        console.print(ln)
+    for ln in summary_lines(summary):  # one line each: the terminal wraps, a pipe greps
+        console.print(ln, soft_wrap=True)
 
 
 def summary_lines(summary: dict, verdict: bool = True) -> list[str]:
@@ -99,7 +99,18 @@ def summary_lines(summary: dict, verdict: bool = True) -> list[str]:
     if v and verdict:
         lines.append(f"validation: {v['verdict']}" + (
             " — " + "; ".join(v["reasons"]) if v.get("reasons") else ""))
+        lines.append(f"  {checked_text(v)}")
     return lines
+
+
+def checked_text(v: dict) -> str:
+    """What a verdict rests on: the checks that ran (passed or failed) by name, and how many
+    were skipped (their reasons: summary.json validation.skipped), so `pass` is not taken
+    for more than it checked."""
+    ran = [c["name"] for c in v.get("checks") or [] if c.get("ok") is not None]
+    skipped = len(v.get("skipped") or [])
+    return (f"checked: {', '.join(ran) or 'nothing'}; {skipped} skipped (no input: "
+            "summary.json validation.skipped)")
 
 
 def requests_line(summary: dict) -> str:

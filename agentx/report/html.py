@@ -27,7 +27,7 @@ from ..errors import InputError
 from ..metrics.catalog import DISTS
 from ..metrics.percentiles import pct_key, shown
 from ..rundir import RunDir
-from .console import THIN_P99, summary_lines, title
+from .console import THIN_P99, checked_text, summary_lines, title
 from .pareto import (
     INTERACTIVITY,
     frontier_key,
@@ -169,7 +169,7 @@ def _verdict(s: dict) -> str:
     v = s.get("validation")
     if not v:
         return "<p><b>verdict</b>: not validated (--validate off)</p>"
-    out = [f"<p><b>verdict</b>: {_badge(s)}</p>"]
+    out = [f"<p><b>verdict</b>: {_badge(s)}</p><p>{escape(checked_text(v))}</p>"]
     for name, key in (("reasons", "reasons"), ("warnings", "warnings"),
                       ("checks skipped", "skipped")):
         items = v.get(key) or []

@@ -188,11 +188,11 @@ def _sim(tmp: Path, name: str, extra: list[str], base: list[str] = SIM):
                  health_timeout_s=60)
 
 
-def _ab(trace: Path, out: Path, a: str, b: str, *extra: str) -> dict:
-    rc = main(["ab", "--a", a, "--b", b, "--trace", str(trace), "--conc", "8",
-               "--no-progress", "-o", str(out), "--scrape-interval", "1", "--bootstrap", "500",
-               "--validate", "warn", *extra])
-    assert rc == 0
+def _ab(trace: Path, out: Path, a: str, b: str, *extra: str, rc: int = 0) -> dict:
+    got = main(["ab", "--a", a, "--b", b, "--trace", str(trace), "--conc", "8",
+                "--no-progress", "-o", str(out), "--scrape-interval", "1", "--bootstrap", "500",
+                "--validate", "warn", *extra])
+    assert got == rc
     return json.loads((out / "ab.json").read_text())
 
 
@@ -258,10 +258,15 @@ def test_recipe_sides_on_the_simulator(tmp_path, trace, capsys):
     """A recipe side is launched (here on the simulator with the recipe's sim_profile, the
     --sim-* flags given on top) and stopped with its process group when done. The recipe's own
     run options (tiny-cpu sets trace, duration, context scale, think cap) are set aside, and
-    said so: both sides run the command's workload."""
+    said so: both sides run the command's workload. Fewer sessions a side than --min-sessions:
+    every verdict is insufficient, and the command exits 3, as `run` does on an insufficient
+    verdict (issue 29 point 4)."""
     doc = _ab(trace, tmp_path / "ab", "tiny-cpu", "tiny-cpu", "--sim",
-              "--sim-time-scale", "5", "--duration", "3", "--conc", "2", "--bootstrap", "200")
+              "--sim-time-scale", "5", "--duration", "3", "--conc", "2", "--bootstrap", "200",
+              "--min-sessions", "1000", rc=3)
     err = capsys.readouterr().err
+    assert {m["verdict"] for m in doc["metrics"].values()} == {"insufficient"}
+    assert "agentx ab: no metric has a verdict (every one insufficient)" in err
     assert "side a: tiny-cpu.yaml run options not used (" in err and "trace" in err
     for side in ("a", "b"):
         assert doc[side]["kind"] == "sim" and doc[side]["model"] == "tiny"

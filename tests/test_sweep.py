@@ -12,9 +12,10 @@ import yaml
 
 from agentx.recipe.load import recipes_dir
 
-# short cells: the simulator 50x real time, think times x0.01, 2 s per cell, 2 s drain
+# short cells: the simulator 50x real time, think times x0.01, 2 s per cell, 2 s drain; they
+# decide nothing, so validation warn keeps the exit code 0 (strict: 3, as `agentx run`)
 FAST = ["--sim", "--duration", "2", "--warmup", "0", "--sim-time-scale", "50",
-        "--set", "think_scale=0.01", "--set", "drain_timeout_s=2"]
+        "--set", "think_scale=0.01", "--set", "drain_timeout_s=2", "--set", "validation=warn"]
 IX_KEYS = {"hw", "conc", "image", "model", "framework", "precision", "spec_decoding", "disagg",
            "scenario_type", "tp", "ep", "dp_attention", "kv_offloading", "kv_offload_backend",
            "allocated_cpu_dram_gb", "kv_cache_pool_tokens", "request_metrics", "server_metrics",
@@ -69,11 +70,13 @@ def test_sweep_h200_against_the_simulator(tmp_path, sweep):
 def test_sweep_cell_with_a_handful_of_requests_is_insufficient(tmp_path, sweep):
     """Four requests in the window (an H200 cell at --warmup 0 measured 1): the verdict is
     insufficient, never pass, in sweep.json, summary.json and runs.csv, the console says so,
-    and the cell stays off the Pareto frontier; the plot lists it."""
+    and the cell stays off the Pareto frontier; the plot lists it. No cell decided anything:
+    exit 3, as `agentx run` (issue 29 point 4)."""
     out = tmp_path / "sweep"
     proc = sweep("minimaxm3-fp8-h200", *FAST, "--conc", "2", "--set", "max_requests=4",
-                  "--set", "duration_s=0", "-o", out)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+                  "--set", "duration_s=0", "--set", "validation=strict", "-o", out)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "no cell has a verdict that can be published" in proc.stderr
     (cell,) = _cells(out)
     assert cell["status"] == "ok" and cell["verdict"] == "insufficient"
     s = _summary(out / "p0-tp8" / "c2")

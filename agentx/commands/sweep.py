@@ -114,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
 def run(o: SweepCommand) -> int:
     from ..recipe.load import load_recipe
     from ..sweep.cells import SweepOptions
-    from ..sweep.run import sweep
+    from ..sweep.run import sweep, undecided
 
     recipe, path = load_recipe(o.recipe)
     out = Path(o.output_dir) if o.output_dir else default_dir(recipe.name, kind="sweep")
@@ -129,4 +129,12 @@ def run(o: SweepCommand) -> int:
     if failed:
         print(f"agentx sweep: {len(failed)} of {len(cells)} cell(s) failed (see "
               f"{out / 'sweep.json'})", file=sys.stderr)
-    return 1 if failed else 0
+    if failed:
+        return 1
+    # as `agentx run`: --validate strict (the default) exits 3 on nothing decided, warn does not
+    strict = {**recipe.run_options(), **run_opts}.get("validation", "strict") == "strict"
+    why = undecided(cells, out) if strict else None
+    if why:
+        print(f"agentx sweep: {why}", file=sys.stderr)
+        return 3
+    return 0

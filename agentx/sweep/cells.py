@@ -18,6 +18,7 @@ from ..rundir import RunDir, write_json
 from .search import SearchSpec
 
 SWEEP_JSON, SUMMARY = "sweep.json", RunDir.SUMMARY
+LENGTHENED = "search_lengthened"  # label of a cell the search reran longer
 
 
 @dataclass
@@ -46,12 +47,14 @@ class Cell:
     reset_prefix_cache: str | None = None
     seconds: float | None = None
     goodput: float | None = None  # share of the window's requests meeting every SLO (--slo)
+    duration_s: float | None = None  # set when the search lengthened a thin cell (search.py)
 
     def record(self) -> dict:
         return {"point": self.point, "label": self.label, "conc": self.conc,
                 "dir": str(self.dir), "status": self.status, "verdict": self.verdict,
                 "error": self.error, "goodput": self.goodput,
-                "reset_prefix_cache": self.reset_prefix_cache, "seconds": self.seconds}
+                "reset_prefix_cache": self.reset_prefix_cache, "seconds": self.seconds,
+                "lengthened_to_s": self.duration_s}
 
 
 def point_indices(recipe: Recipe, opts: SweepOptions) -> list[int]:
@@ -109,6 +112,8 @@ def check_resumed(recipe: Recipe, cell: Cell, opts: SweepOptions,
     """Refuse to resume over a finished cell run with another config (InputError, one line
     naming the cell and the first differing field)."""
     recorded = load_summary(cell.dir).get("config") or {}
+    if LENGTHENED in (recorded.get("labels") or {}):  # the search reran it longer: as recorded
+        cell.duration_s = recorded.get("duration_s")
     expected = cell_config(recipe, cell, opts, recorded.get("base_url") or "http://127.0.0.1:1",
                            recorded.get("model"), recipe_dir).public()
     why = drift(recorded, expected)
@@ -128,6 +133,9 @@ def cell_config(recipe: Recipe, cell: Cell, opts: SweepOptions, base_url: str,
             "progress": False}
     # the cell's recipe and point, stored from the run's start and shown in every report
     data["labels"] = {**(data.get("labels") or {}), "recipe": recipe.name or "", "point": cell.label}
+    if cell.duration_s:  # a thin cell the search reran longer, labelled so in every report
+        data["labels"][LENGTHENED] = f"{data.get('duration_s') or 0:g}s->{cell.duration_s:g}s"
+        data["duration_s"] = cell.duration_s
     if model:
         data["model"] = model
     pin = golden_pin(recipe, spec_k(recipe, point, cell.conc), recipe_dir) if recipe_dir \

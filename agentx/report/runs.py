@@ -21,7 +21,7 @@ from .pareto import (
     throughput_axis,
 )
 from .rebuild import Run
-from .target import target_text
+from .target import load_text, target_text
 
 CSV_NAME, PARETO_PNG = "runs.csv", "pareto.png"
 
@@ -47,9 +47,10 @@ def report_one(run: Run, console: Console, *, plots: bool = True) -> int:
 
 
 def plot_title(run: Run) -> str:
-    """`DIR: trace swe, conc 8 — simulator PROFILE; labels` for a run's plots."""
+    """`DIR: trace swe, conc 8 — simulator PROFILE; labels` for a run's plots (an open loop:
+    `rate 0.5/s`, not the unused --conc)."""
     cfg = run.summary.get("config") or {}
-    return (f"{run.dir.name}: trace {cfg.get('trace') or '?'}, conc {cfg.get('conc') or '?'} — "
+    return (f"{run.dir.name}: trace {cfg.get('trace') or '?'}, {load_text(cfg, short=True)} — "
             f"{target_text(run.summary)}")
 
 

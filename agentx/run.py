@@ -276,7 +276,10 @@ async def _progress(cfg: RunConfig, stats: Any, done: asyncio.Event) -> None:
     from .report.progress import show_progress
     from .report.target import load_text
 
-    await show_progress(stats, done, f"agentx {cfg.trace} {load_text(cfg.public(), short=True)}")
+    side = cfg.labels.get("ab_side")  # an A/B side: its lines say which (agentx ab)
+    tag = f"side {side} run {cfg.labels.get('repeat', '1')}:" if side else ""
+    await show_progress(stats, done, f"{tag + ' ' if tag else ''}agentx {cfg.trace} "
+                        f"{load_text(cfg.public(), short=True)}", tag=tag)
 
 
 async def _token_model(cfg: RunConfig, session: Any, base_url: str, model: str,

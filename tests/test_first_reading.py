@@ -222,3 +222,41 @@ def test_per_gpu_unknown_is_said_not_assumed(tmp_path, capfd):
     assert rows["a"]["gpus"] == "" and rows["a"]["headline_per_gpu_tok_s"] == ""
     assert float(rows["b"]["headline_per_gpu_tok_s"]) == pytest.approx(hb["total_tok_s"] / 4)
     assert re.search(r"\bconc 2\b", rows["a"]["load"])
+
+
+def test_verdict_lists_its_checks_and_the_table_explains_its_rows(lanes_run, capfd):
+    """Point 7: under `validation: pass` the console (and the HTML report) names the checks
+    that ran and how many were skipped; TTFC and TTFT per 1k uncached are explained once."""
+    from agentx.cli import main
+    from agentx.report.html import write_html
+    from agentx.report.rebuild import load_run
+
+    tmp, out = lanes_run
+    capfd.readouterr()
+    assert main(["report", str(out), "--no-plots"]) == 0
+    printed = capfd.readouterr().out
+    s = json.loads((out / "summary.json").read_text())
+    v = s["validation"]
+    ran = [c["name"] for c in v["checks"] if c["ok"] is not None]
+    checked = _line(printed, "  checked: ")
+    assert checked == (f"  checked: {', '.join(ran)}; {len(v['skipped'])} skipped (no input: "
+                       "summary.json validation.skipped)")
+    assert "samples" in ran and "error_rate" in ran
+    glossary = _line(printed, "TTFC: ")
+    assert "TTFT per 1k uncached: TTFT per 1,000 prompt tokens the server had to prefill" \
+        in glossary
+    html = write_html(tmp / "r.html", [load_run(out)], plots=False).read_text()
+    assert f"checked: {', '.join(ran)}" in html and "TTFC: time to the first visible" in html
+
+
+@pytest.mark.parametrize("argv, usage, hint", [
+    (["run", "--conk", "8"], "agentx run", "--conc"),
+    (["sweep", "tiny-cpu", "--duraton", "3"], "agentx sweep", "--duration"),
+])
+def test_a_flag_typo_gets_the_subcommands_usage_and_a_suggestion(cli, argv, usage, hint):
+    r = cli(*argv)
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"usage: {usage} ")
+    last = r.stderr.strip().splitlines()[-1]
+    assert last == (f"{usage}: error: unrecognized arguments: {' '.join(argv[-2:])} "
+                    f"(did you mean {hint}?)")

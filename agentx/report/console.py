@@ -13,6 +13,10 @@ from .target import gpus_of, load_text, target_text
 
 WIDE = 200  # columns when stdout is not a terminal: a file or a pipe gets whole numbers
 THIN_P99 = 100  # a p99 from fewer values is flagged: it is the largest value or next to it
+# the two rows a reader of other tools' tables does not know, said once under the table
+GLOSSARY = ("TTFC: time to the first visible (non-reasoning) answer chunk; TTFT per 1k uncached: "
+            "TTFT per 1,000 prompt tokens the server had to prefill (not prefix-cached); "
+            "docs/metrics.md")
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -55,6 +59,7 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         t.caption = (f"n: values per metric; † p99 or above of fewer than {THIN_P99} values "
                      "(near the maximum)")
     console.print(t)
+    console.print(GLOSSARY, soft_wrap=True)
     for ln in summary_lines(summary):  # one line each: the terminal wraps, a pipe greps
         console.print(ln, soft_wrap=True)
 

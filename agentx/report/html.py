@@ -27,7 +27,7 @@ from ..errors import InputError
 from ..metrics.catalog import DISTS
 from ..metrics.percentiles import pct_key, shown
 from ..rundir import RunDir
-from .console import THIN_P99, checked_text, summary_lines, title
+from .console import GLOSSARY, THIN_P99, checked_text, summary_lines, title
 from .pareto import (
     INTERACTIVITY,
     frontier_key,
@@ -199,7 +199,8 @@ def _latency_table(s: dict) -> str:
                     f"{'-' if n is None else f'{n:,}'}</td>"
                     + "".join(f"<td class=n>{c}</td>" for c in cells) + "</tr>")
     return (f"<table><caption>latency over the measured requests (n: values per metric; † "
-            f"a p99 or above of fewer than {THIN_P99} values, near the maximum)</caption>"
+            f"a p99 or above of fewer than {THIN_P99} values, near the maximum; "
+            f"{escape(GLOSSARY)})</caption>"
             f"<tr>{head}</tr>{''.join(rows)}</table>")
 
 

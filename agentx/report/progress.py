@@ -89,9 +89,10 @@ def _errors(s: LiveStats) -> str:
     return f"{s.errors}" + (f" ({100 * s.errors / s.done:.1f}%)" if s.done else "")
 
 
-def status_line(s: LiveStats, elapsed: float, finished: bool = False) -> str:
-    """One line for logs: `[  12.0s] measuring | left 48 s | sessions 8/8 | ...`."""
-    return (f"[{elapsed:6.1f}s] {phase(s, elapsed, finished)} | left "
+def status_line(s: LiveStats, elapsed: float, finished: bool = False, tag: str = "") -> str:
+    """One line for logs: `[  12.0s] measuring | left 48 s | sessions 8/8 | ...`; `tag`
+    first (an A/B side's `side gpu-only:`), so two runs' lines are told apart."""
+    return (f"{tag + ' ' if tag else ''}[{elapsed:6.1f}s] {phase(s, elapsed, finished)} | left "
             f"{remaining(s, elapsed, finished)} | sessions "
             f"{_sessions(s)} | in flight {s.in_flight} | done {s.done} | since warm-up "
             f"{_rates(s, elapsed)} | errors {_errors(s)} | TTFT p50 {_p50(s.recent_ttft_ms)} ms"
@@ -121,7 +122,8 @@ async def _tick(stop: asyncio.Event, seconds: float) -> None:
 
 
 async def show_progress(stats: LiveStats, stop: asyncio.Event, title: str,
-                        interval_s: float = 0.5, plain_every_s: float = 10.0) -> None:
+                        interval_s: float = 0.5, plain_every_s: float = 10.0,
+                        tag: str = "") -> None:
     console = Console(stderr=True)
     if console.is_terminal:
         with Live(_table(stats, 0, title), console=console, refresh_per_second=4,
@@ -136,5 +138,5 @@ async def show_progress(stats: LiveStats, stop: asyncio.Event, title: str,
         now, t = time.monotonic(), run_elapsed(stats)
         now_phase = phase(stats, t, stop.is_set())
         if now_phase != shown or now - last >= plain_every_s:
-            print(status_line(stats, t, stop.is_set()), file=sys.stderr, flush=True)
+            print(status_line(stats, t, stop.is_set(), tag), file=sys.stderr, flush=True)
             shown, last = now_phase, now

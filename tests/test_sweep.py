@@ -133,3 +133,31 @@ def test_failed_cell_is_recorded_and_the_sweep_goes_on(tmp_path, sweep):
     assert [r["point"] for r in _csv(out)] == ["fits"]
     again = sweep(path, *FAST, "-o", out)  # an existing sweep needs --resume
     assert again.returncode == 2 and "--resume" in again.stderr
+
+
+def test_sweep_of_a_bare_url_needs_no_recipe(tmp_path, sweep):
+    """Issue 29 point 7: `agentx sweep --base-url URL --conc C` sweeps a running server with no
+    recipe: one point `url`, a cell per concurrency, runs.csv and the Pareto plot; no recipe
+    fact (InferenceX fields) is claimed and the GPU count is the server's own (the simulator's
+    TP here), not a recipe's. --base-url without --conc, or neither a recipe nor --base-url:
+    one line, exit 2."""
+    from agentx.targets.embedded import EmbeddedSim
+
+    out = tmp_path / "url"
+    with EmbeddedSim({"profile": "cpu-tiny", "time_scale": 20.0}) as target:
+        proc = sweep("--base-url", target.url, "--conc", "2", "--duration", "2", "--warmup",
+                     "0", "--set", "think_scale=0.01", "--set", "context_scale=0.1",
+                     "--set", "validation=warn", "-o", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"agentx sweep url: 1 cell(s) into {out}; serving with the server at" in proc.stderr
+    (cell,) = _cells(out)
+    assert (cell["label"], cell["conc"], cell["status"]) == ("url", 2, "ok")
+    s = _summary(out / "url" / "c2")
+    assert s["completed"] > 0 and "hw" not in s and "precision" not in s
+    assert s["config"]["gpus"] is None and s["gpus"] == 1 and s["gpus_source"] == "simulator"
+    assert len(_csv(out)) == 1 and (out / "pareto.png").stat().st_size > 1000
+    bad = sweep("--base-url", "http://127.0.0.1:9", "-o", tmp_path / "x")
+    assert bad.returncode == 2 and "give a recipe (NAME|PATH), or --base-url URL with --conc" \
+        in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    bad = sweep("--conc", "2", "-o", tmp_path / "x")
+    assert bad.returncode == 2 and "the NAME|PATH argument is required" in bad.stderr

@@ -28,6 +28,7 @@ from ..rundir import write_json
 from .cells import (
     SUMMARY,
     SWEEP_JSON,
+    URL_SWEEP,
     Cell,
     SweepOptions,
     annotate,
@@ -53,8 +54,9 @@ def run_cell(recipe: Recipe, cell: Cell, servers: PointServers, opts: SweepOptio
         summary = run(cell_config(recipe, cell, opts, target.url, target.model,
                                   servers.path.parent), target)
         cell.verdict = (summary.get("validation") or {}).get("verdict")
-        annotate(recipe, cell, {"backend": servers.kind,
-                                "reset_prefix_cache": cell.reset_prefix_cache})
+        if recipe.name != URL_SWEEP:  # a bare URL's cells claim no recipe facts
+            annotate(recipe, cell, {"backend": servers.kind,
+                                    "reset_prefix_cache": cell.reset_prefix_cache})
         if servers.died is not None:
             raise RuntimeError(f"the server exited (code {servers.died}) during the cell")
         cell.status = "ok"

@@ -225,9 +225,11 @@ def pareto_plot(rows: list[dict], path: Path, y: str, y_label: str,
                        color="grey", label="not publishable (verdict)", zorder=2)
         ax.ticklabel_format(axis="y", useOffset=False)
         ax.margins(x=0.08, y=0.12)  # room for the labels of the outermost points
-        if not have:
+        if not have:  # e.g. TPOT p50 0 (one-token answers): no 1000 / TPOT to plot
             ax.text(0.5, 0.5, "no run has this interactivity", ha="center",
                     transform=ax.transAxes, color="grey")
+            ax.set_xticks([])
+            ax.set_yticks([])
         place_labels(ax, [pts[i] for i in have],
                      [_point_label(rows[i]) + ("" if publishable(rows[i]) else
                                                f" ({rows[i]['validation'] or 'no verdict'})")

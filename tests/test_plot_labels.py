@@ -100,11 +100,11 @@ def test_simulator_titles_carry_no_port():
 
 def test_a_far_maximum_does_not_stretch_the_cdf_axis():
     """20k chunk gaps near 7.5 ms and a 105 ms maximum (the quickstart's ITL): the axis ends
-    just past p99.9; without an outlier it shows everything."""
+    at twice p99; without an outlier it shows everything."""
     rng = np.random.default_rng(1)
     v = np.sort(np.append(rng.normal(7.5, 0.8, 20000), 105.6))
     cut = axis_cut(v)
-    assert cut == pytest.approx(np.percentile(v, 99.9) * 1.05) and cut < 20
+    assert cut == pytest.approx(2 * np.percentile(v, 99)) and cut < 25
     assert axis_cut(np.sort(rng.normal(7.5, 0.8, 20000))) is None
 
 

@@ -260,12 +260,12 @@ def test_recipe_sides_on_the_simulator(tmp_path, trace, capsys):
     --sim-* flags given on top) and stopped with its process group when done. The recipe's own
     run options (tiny-cpu sets trace, duration, context scale, think cap) are set aside, and
     said so: both sides run the command's workload. Fewer sessions a side than --min-sessions:
-    every verdict is insufficient, and the command exits 3, as `run` does on an insufficient
-    verdict (issue 29 point 4)."""
+    every verdict is insufficient, and the command exits 3 under --validate strict, as `run`
+    does on an insufficient verdict (issue 29 point 4; warn keeps 0: test_verdicts)."""
     doc = _ab(trace, tmp_path / "ab", "tiny-cpu", "tiny-cpu", "--sim",
               "--sim-time-scale", "5", "--duration", "3", "--conc", "2", "--bootstrap", "200",
-              "--min-sessions", "1000", "--a-label", "off", "--b-label", "on", rc=3,
-              progress=True)
+              "--min-sessions", "1000", "--a-label", "off", "--b-label", "on",
+              "--validate", "strict", rc=3, progress=True)
     err = capsys.readouterr().err
     # the live progress lines (stderr is no terminal here) name their side
     lines = [ln for ln in err.splitlines() if "] measuring | left" in ln]

@@ -37,8 +37,9 @@ def run(cfg: ABConfig) -> int:
     doc = run_ab(cfg)
     print_ab(doc)
     print(f"results: {doc['output_dir']}/{AB_JSON}, {doc['plot']}")
-    if all(m["verdict"] == "insufficient" for m in doc["metrics"].values()):
-        # nothing decided: exit as `agentx run` does on an insufficient verdict
+    if cfg.validation == "strict" and all(m["verdict"] == "insufficient"
+                                          for m in doc["metrics"].values()):
+        # nothing decided: exit as `agentx run` does on an insufficient verdict (warn: 0)
         print("agentx ab: no metric has a verdict (every one insufficient): run longer "
               "(--duration), with more lanes or --repeats (docs/ab.md)", file=sys.stderr)
         return 3

@@ -4,6 +4,7 @@ agentx.commands, imported only when that subcommand runs (or shows its --help), 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 
@@ -53,10 +54,26 @@ def command_of(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The arguments; a word the subcommand does not know is refused by the subcommand's own
+    parser (its usage, not the top level's `agentx COMMAND ...`), with the closest flag it
+    has: `agentx run: error: unrecognized arguments: --conk 8 (did you mean --conc?)`."""
+    parser = build_parser(command_of(argv))
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sp = sub.choices[args.command]
+        word = next((a for a in extra if a.startswith("-")), extra[0]).split("=", 1)[0]
+        close = difflib.get_close_matches(word, list(sp._option_string_actions), n=1)
+        sp.error(f"unrecognized arguments: {' '.join(extra)}"
+                 + (f" (did you mean {close[0]}?)" if close else ""))
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser(command_of(argv)).parse_args(argv)
+        args = parse(argv)
         if getattr(args, "config", None) or getattr(args, "print_config", False):
             from .yamlconf import config_flags  # only then: the YAML reader costs ~17 ms
 

@@ -26,6 +26,7 @@ from .engine.lanes import Engine
 from .engine.workers import WorkerPool, auto_workers, usable_cores, worker_name
 from .errors import InputError, OutputError, RunLost
 from .metrics.arrivals import arrival_summary
+from .metrics.concurrency import concurrency_block
 from .metrics.cost import cost_block
 from .metrics.goodput import goodput
 from .metrics.gpu import energy_block
@@ -277,8 +278,12 @@ async def _drive_workers(cfg: RunConfig, specs: list[DriveSpec]
 
 async def _progress(cfg: RunConfig, stats: Any, done: asyncio.Event) -> None:
     from .report.progress import show_progress
+    from .report.target import load_text
 
-    await show_progress(stats, done, f"agentx {cfg.trace} conc {cfg.conc}")
+    side = cfg.labels.get("ab_side")  # an A/B side: its lines say which (agentx ab)
+    tag = f"side {side} run {cfg.labels.get('repeat', '1')}:" if side else ""
+    await show_progress(stats, done, f"{tag + ' ' if tag else ''}agentx {cfg.trace} "
+                        f"{load_text(cfg.public(), short=True)}", tag=tag)
 
 
 async def _token_model(cfg: RunConfig, session: Any, base_url: str, model: str,
@@ -347,12 +352,19 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
     win = _window(results, records)
     server_metrics = scraper.compute(ccfg.model) if scraper else None
     sm = server_metrics or {}
-    s = summarize(records, window_s=win.seconds, gpus=cfg.gpus,
+    # per-GPU figures divide by GPUs known, never assumed: --gpus (or the recipe point),
+    # else the simulator's TP; a real server does not say (docs/metrics.md#gpus)
+    gpus = cfg.gpus or meta["target"].get("gpus")
+    s = summarize(records, window_s=win.seconds, gpus=gpus,
                   block_size=sm.get("kv_block_size"), kv_pool_tokens=sm.get("kv_pool_tokens"),
                   percentiles=cfg.percentiles, last_turns=last_turns)
     s["throughput"].update(server_throughput(server_metrics))
     s["throughput"].update(delivered(records, win.start_ns, win.stop_ns))
-    s["throughput"]["headline"] = headline(s["throughput"], cfg.gpus)
+    s["throughput"]["headline"] = headline(s["throughput"], gpus)
+    s["gpus"] = gpus
+    s["gpus_source"] = "given" if cfg.gpus else "simulator" if gpus else None
+    s["concurrency"] = concurrency_block(cfg.conc, cfg.open_loop(), records, win.start_ns,
+                                         win.stop_ns or win.end_ns, server_metrics)
     s["window"] = win.block("auto" if cfg.warmup_auto() else cfg.warmup_fixed_s(), cfg.ramp_up(),
                             (cfg.max_active or 0) if cfg.open_loop() else cfg.conc)
     s["steady_state"] = win.steady_state

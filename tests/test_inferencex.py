@@ -87,10 +87,11 @@ def test_identity_types_from_the_recipes(monkeypatch):
 
 @pytest.fixture(scope="module")
 def cell(tmp_path_factory) -> Path:
-    """One sweep cell of the H200 Mooncake recipe against the simulator (conc 2, 2 s)."""
+    """One sweep cell of the H200 Mooncake recipe against the simulator (conc 2, 2 s: too few
+    requests for a verdict, so validation warn keeps the sweep's exit code 0)."""
     out = tmp_path_factory.mktemp("ix") / "sweep"
     proc = subprocess.run([sys.executable, "-m", "agentx.cli", "sweep", "minimaxm3-fp8-h200",
-                           *FAST, "--conc", "2", "-o", str(out)],
+                           *FAST, "--conc", "2", "--set", "validation=warn", "-o", str(out)],
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out / "p0-tp8" / "c2"

@@ -18,7 +18,7 @@ from agentx.report.progress import PHASES, _table
 
 REPO = Path(__file__).resolve().parents[1]
 LINE = re.compile(r"^\[\s*([\d.]+)s\] (\S+) \| left (\S+) s.*\| in flight (\d+) \| done (\d+) \| "
-                  r"(\S+) req/s, \S+ output tok/s \| errors (\d+)")
+                  r"since warm-up (\S+) req/s, \S+ output tok/s \| errors (\d+)")
 
 
 def _progress(tmp_path: Path, *args: str) -> tuple[list[tuple[str, ...]], str, list[str]]:
@@ -69,12 +69,12 @@ def test_worker_processes_report_one_run(tmp_path):
 def test_rich_panel_has_the_same_answers():
     s = LiveStats(lanes=4, sessions_active=4, in_flight=3, done=50, errors=5, running=True,
                   ramp_up_s=1.0, warmup_end_s=2.0, duration_s=60.0, limit_s=60.0,
-                  output_tokens=5000)
+                  output_tokens=5000, window_done=42, window_output_tokens=4200)
     console = Console(width=100, record=True, force_terminal=False)
     console.print(_table(s, 30.0, "run"))
     text = console.export_text()
     for row in ("phase", "measuring", "remaining", "30 s", "requests in flight", "3",
-                "1.67 req/s, 167 output tok/s", "5 (10.0%)"):
+                "throughput since the warm-up", "1.50 req/s, 150 output tok/s", "5 (10.0%)"):
         assert row in text, text
 
 

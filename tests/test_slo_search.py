@@ -149,7 +149,55 @@ def test_lowest_bound_failing_means_no_answer():
 
 
 def test_a_cell_that_cannot_be_published_is_never_the_answer():
-    p = judge(8, "ok", "insufficient", 1.0, 0.9)
-    assert not p.passed and "cannot be the answer" in p.why
+    p = judge(8, "ok", "fail", 1.0, 0.9)
+    assert not p.passed and p.decided and "cannot be the answer" in p.why
+    thin = judge(8, "ok", "insufficient", 1.0, 0.9)
+    assert not thin.passed and not thin.decided and "too few measured requests" in thin.why
     assert not judge(8, "failed", None, None, 0.9, "RuntimeError: boom").passed
     assert judge(8, "ok", None, 0.9, 0.9).passed  # validation off: publishable
+
+
+def test_a_thin_cell_stops_the_search_undecided():
+    """Issue 29 point 4: a cell still `insufficient` after lengthening is neither a pass nor a
+    fail: the search stops there and says so instead of "no concurrency meets it"."""
+    def probe(c: int) -> Probe:
+        return judge(c, "ok", "insufficient" if c == 4 else "pass", 1.0, 0.9)
+
+    out = bisect(4, 48, probe, max_cells=6)
+    assert out.answer is None and out.failing is None and out.undecided == 4
+    assert not out.converged and out.text().startswith("undecided: c4 verdict insufficient")
+    assert "no concurrency" not in out.text()
+    out = bisect(1, 64, lambda c: judge(c, "ok", "insufficient" if c == 8 else "pass",
+                                        1.0 if c < 8 else 0.5, 0.9), max_cells=6)
+    assert (out.answer, out.failing, out.undecided) == (1, 64, 8)
+    assert "c1 passes so far" in out.text()
+
+
+def test_search_lengthens_a_thin_cell_before_judging_it(tmp_path, recipe):
+    """Issue 29 point 4: c4 for 3 s measures ~16 requests (measured 2026-12-03), fewer than
+    min_samples 24: `insufficient`. The search reruns it twice as long (~32 requests), says so,
+    and only then judges it: the answer is c4, labelled as lengthened in its summary."""
+    out = tmp_path / "thin"
+    proc = _sweep(recipe, *FAST, "--set", "min_samples=24", "--search", "ttft:100000",
+                  "--search-min", 4, "--search-max", 4, "-o", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    err = " ".join(proc.stderr.split())
+    assert ("p0-tp1 c4: verdict insufficient (too few measured requests to judge); the search "
+            "reruns it 2x as long, 6 s, before judging it") in err
+    res = _json(out / "sweep.json")["search"]["points"]["p0-tp1"]
+    (cell,) = res["cells"]
+    assert cell["lengthened_s"] == [6.0] and cell["verdict"] == "pass" and cell["decided"]
+    assert res["answer"] == 4 and res["undecided"] is None
+    s = _json(out / "p0-tp1" / "c4" / "summary.json")
+    assert s["config"]["duration_s"] == 6.0 and s["completed"] >= 24
+    assert s["labels"]["search_lengthened"] == "3s->6s"
+
+
+def test_a_sweep_with_no_decidable_cell_exits_3(tmp_path, recipe):
+    """Every cell `insufficient`: the Pareto frontier is empty and the sweep says so and exits
+    3, as `agentx run` does on such a verdict (it exited 0 before)."""
+    proc = _sweep(recipe, *FAST, "--set", "min_samples=100000", "--conc", 4,
+                  "-o", tmp_path / "none")
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    err = " ".join(proc.stderr.split())
+    assert "no cell has a verdict that can be published (p0-tp1 c4 insufficient)" in err

@@ -12,9 +12,10 @@ import yaml
 
 from agentx.recipe.load import recipes_dir
 
-# short cells: the simulator 50x real time, think times x0.01, 2 s per cell, 2 s drain
+# short cells: the simulator 50x real time, think times x0.01, 2 s per cell, 2 s drain; they
+# decide nothing, so validation warn keeps the exit code 0 (strict: 3, as `agentx run`)
 FAST = ["--sim", "--duration", "2", "--warmup", "0", "--sim-time-scale", "50",
-        "--set", "think_scale=0.01", "--set", "drain_timeout_s=2"]
+        "--set", "think_scale=0.01", "--set", "drain_timeout_s=2", "--set", "validation=warn"]
 IX_KEYS = {"hw", "conc", "image", "model", "framework", "precision", "spec_decoding", "disagg",
            "scenario_type", "tp", "ep", "dp_attention", "kv_offloading", "kv_offload_backend",
            "allocated_cpu_dram_gb", "kv_cache_pool_tokens", "request_metrics", "server_metrics",
@@ -69,11 +70,13 @@ def test_sweep_h200_against_the_simulator(tmp_path, sweep):
 def test_sweep_cell_with_a_handful_of_requests_is_insufficient(tmp_path, sweep):
     """Four requests in the window (an H200 cell at --warmup 0 measured 1): the verdict is
     insufficient, never pass, in sweep.json, summary.json and runs.csv, the console says so,
-    and the cell stays off the Pareto frontier; the plot lists it."""
+    and the cell stays off the Pareto frontier; the plot lists it. No cell decided anything:
+    exit 3, as `agentx run` (issue 29 point 4)."""
     out = tmp_path / "sweep"
     proc = sweep("minimaxm3-fp8-h200", *FAST, "--conc", "2", "--set", "max_requests=4",
-                  "--set", "duration_s=0", "-o", out)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+                  "--set", "duration_s=0", "--set", "validation=strict", "-o", out)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "no cell has a verdict that can be published" in proc.stderr
     (cell,) = _cells(out)
     assert cell["status"] == "ok" and cell["verdict"] == "insufficient"
     s = _summary(out / "p0-tp8" / "c2")
@@ -130,3 +133,31 @@ def test_failed_cell_is_recorded_and_the_sweep_goes_on(tmp_path, sweep):
     assert [r["point"] for r in _csv(out)] == ["fits"]
     again = sweep(path, *FAST, "-o", out)  # an existing sweep needs --resume
     assert again.returncode == 2 and "--resume" in again.stderr
+
+
+def test_sweep_of_a_bare_url_needs_no_recipe(tmp_path, sweep):
+    """Issue 29 point 7: `agentx sweep --base-url URL --conc C` sweeps a running server with no
+    recipe: one point `url`, a cell per concurrency, runs.csv and the Pareto plot; no recipe
+    fact (InferenceX fields) is claimed and the GPU count is the server's own (the simulator's
+    TP here), not a recipe's. --base-url without --conc, or neither a recipe nor --base-url:
+    one line, exit 2."""
+    from agentx.targets.embedded import EmbeddedSim
+
+    out = tmp_path / "url"
+    with EmbeddedSim({"profile": "cpu-tiny", "time_scale": 20.0}) as target:
+        proc = sweep("--base-url", target.url, "--conc", "2", "--duration", "2", "--warmup",
+                     "0", "--set", "think_scale=0.01", "--set", "context_scale=0.1",
+                     "--set", "validation=warn", "-o", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"agentx sweep url: 1 cell(s) into {out}; serving with the server at" in proc.stderr
+    (cell,) = _cells(out)
+    assert (cell["label"], cell["conc"], cell["status"]) == ("url", 2, "ok")
+    s = _summary(out / "url" / "c2")
+    assert s["completed"] > 0 and "hw" not in s and "precision" not in s
+    assert s["config"]["gpus"] is None and s["gpus"] == 1 and s["gpus_source"] == "simulator"
+    assert len(_csv(out)) == 1 and (out / "pareto.png").stat().st_size > 1000
+    bad = sweep("--base-url", "http://127.0.0.1:9", "-o", tmp_path / "x")
+    assert bad.returncode == 2 and "give a recipe (NAME|PATH), or --base-url URL with --conc" \
+        in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    bad = sweep("--conc", "2", "-o", tmp_path / "x")
+    assert bad.returncode == 2 and "the NAME|PATH argument is required" in bad.stderr

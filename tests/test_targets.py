@@ -69,7 +69,8 @@ def test_embedded_simulator_target(tmp_path):
         assert t.options["profile"] == "cpu-tiny" and "api_key" not in t.options
         ident = t.identity("agentx-sim", read_version(t.url))
         assert ident == {"kind": "simulator", "profile": "cpu-tiny", "url": None,
-                         "model": "agentx-sim", "server_version": ident["server_version"]}
+                         "model": "agentx-sim", "server_version": ident["server_version"],
+                         "gpus": 1}  # the simulator says its TP in /version
     assert _gone(pids)
 
 

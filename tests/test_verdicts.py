@@ -57,12 +57,14 @@ def test_thin_run_is_insufficient_names_its_target_and_keeps_its_config(tmp_path
     assert "simulator cpu-tiny; connector=none, team=perf" in printed
     assert "validation: insufficient" in printed and "--min-samples 30" in printed
     assert "†" in printed  # p99 of fewer than 100 values
-    (head,) = [ln for ln in printed.splitlines() if ln.startswith("throughput:")]
-    assert "per second" in head  # the headline says what it is
+    (head,) = [ln for ln in printed.splitlines() if ln.startswith("headline throughput:")]
+    (what,) = [ln for ln in printed.splitlines() if ln.startswith("  headline = ")]
+    assert "tok/s total" in head and "per second" in what  # the headline says what it is
     s = json.loads((out / "summary.json").read_text())
     assert s["validation"]["verdict"] == "insufficient" and s["completed"] <= 8
     assert s["target"] == {"kind": "simulator", "profile": "cpu-tiny", "url": None,
-                           "model": s["run"]["model"], "server_version": "0.32.0"}
+                           "model": s["run"]["model"], "server_version": "0.32.0",
+                           "gpus": 1}  # cpu-tiny simulates one GPU (TP1)
     assert s["labels"] == {"connector": "none", "team": "perf"}
     assert s["throughput"]["headline"]["source"] in ("delivered", "window")
     meta = json.loads((out / "run.json").read_text())

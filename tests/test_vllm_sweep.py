@@ -19,7 +19,9 @@ def test_agentx_sweep_tiny_cpu_real_vllm(tmp_path, vllm_python, vllm_assets, vll
            "AGENTX_VLLM_PYTHON": str(vllm_python)}
     out = tmp_path / "sweep"
     proc = subprocess.run([sys.executable, "-m", "agentx.cli", "sweep", "tiny-cpu",
-                           "--duration", "6", "--set", "drain_timeout_s=20", "-o", str(out)],
+                           "--duration", "6", "--set", "drain_timeout_s=20",
+                           # 6 s cells may decide nothing: warn keeps the exit code 0 (strict: 3)
+                           "--set", "validation=warn", "-o", str(out)],
                           capture_output=True, text=True, env=env, timeout=1500, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     record = json.loads((out / "sweep.json").read_text())

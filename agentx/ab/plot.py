@@ -17,13 +17,16 @@ def _values(run_dirs: list[str], tag: str) -> np.ndarray:
                                    for d in run_dirs] or [np.array([])]))
 
 
+SIDE_COLOURS = {"a": "C0", "b": "C1"}  # the colours every figure gives A and B
+
+
 def cdf_plot(doc: dict, path: Path) -> Path:
     plt = _pyplot()
     panels = cdf_metrics(AB_CDF)
     fig, axes = plt.subplots(1, len(panels), figsize=(11, 4), squeeze=False)
     axes = axes[0]
     for ax, m in zip(axes, panels):
-        for name, color in (("a", "tab:blue"), ("b", "tab:orange")):
+        for name, color in SIDE_COLOURS.items():
             v = _values(doc[name]["runs"], m.key)
             side = doc[name].get("label") or name.upper()
             if v.size:  # a step per value, and a dot each when few: one value still shows

@@ -70,7 +70,8 @@ async def server_version(session: HTTPClient | aiohttp.ClientSession, base_url: 
                          timeout_s: float | None = None) -> dict:
     """GET /version: {"version": "0.32.0"} from vLLM (None values when it does not say: a
     label for results, never a reason to fail), and `simulator_profile` when the server is
-    agentx's simulator (it adds {"agentx_simulator": {"profile": ...}})."""
+    agentx's simulator (it adds {"agentx_simulator": {"profile": ..., "gpus": TP}}), with
+    `simulator_gpus`, the GPUs it simulates."""
     kw = {"timeout": aiohttp.ClientTimeout(total=timeout_s)} if timeout_s else {}
     try:
         doc = await get_json(session, base_url.rstrip("/") + "/version", **kw)
@@ -79,9 +80,11 @@ async def server_version(session: HTTPClient | aiohttp.ClientSession, base_url: 
     doc = doc if isinstance(doc, dict) else {}
     sim = doc.get("agentx_simulator")
     v = doc.get("version")
+    gpus = sim.get("gpus") if isinstance(sim, dict) else None
     return {"version": str(v)[:100] if v is not None else None,
             "simulator_profile": str(sim.get("profile"))[:100] if isinstance(sim, dict)
-            else None}
+            else None,
+            "simulator_gpus": gpus if type(gpus) is int and gpus > 0 else None}
 
 
 def probe_error(exc: BaseException, what: str, timeout_s: float | None) -> str:

@@ -5,6 +5,7 @@ RunConfig's, and `--sim-*` from SimConfig's (applied to recipe sides on the simu
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..ab.spec import SIDE_FIELDS, ABConfig
 from ..options import add_arguments, build, flag_namer, values_from_args
@@ -36,4 +37,10 @@ def run(cfg: ABConfig) -> int:
     doc = run_ab(cfg)
     print_ab(doc)
     print(f"results: {doc['output_dir']}/{AB_JSON}, {doc['plot']}")
+    if cfg.validation == "strict" and all(m["verdict"] == "insufficient"
+                                          for m in doc["metrics"].values()):
+        # nothing decided: exit as `agentx run` does on an insufficient verdict (warn: 0)
+        print("agentx ab: no metric has a verdict (every one insufficient): run longer "
+              "(--duration), with more lanes or --repeats (docs/ab.md)", file=sys.stderr)
+        return 3
     return 0

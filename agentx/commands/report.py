@@ -20,8 +20,8 @@ from ..options import add_arguments, from_args, opt
 class ReportOptions(PercentilesOption, CostOption):
     dirs: list[str] = opt(None, "run directories, or directories holding run directories",
                           factory=list, positional=True, metavar="DIR", min_length=1)
-    gpus: int | None = opt(None, "GPUs behind the server, for runs that did not record --gpus "
-                           "(per-GPU columns; default 1)", ge=1)
+    gpus: int | None = opt(None, "GPUs behind the server, for runs that recorded no GPU count "
+                           "(per-GPU columns; without it they are left empty)", ge=1)
     slo: Annotated[dict[str, float], BeforeValidator(slo_option)] | None = opt(
         None, "compute goodput with these SLOs from each run's records",
         metavar="ttft:MS,tpot:MS,e2el:MS")

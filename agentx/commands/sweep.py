@@ -21,8 +21,9 @@ if TYPE_CHECKING:  # agentx.sweep is imported when a sweep runs, not for --help
 
 
 class SweepCommand(Launch, PercentilesOption, CostOption):
-    recipe: str = opt("", "recipe name (recipes/NAME.yaml) or file", positional=True,
-                      metavar="NAME|PATH", min_length=1)
+    recipe: str = opt("", "recipe name (recipes/NAME.yaml) or file; leave it out with "
+                      "--base-url and --conc to sweep that running server", positional=True,
+                      metavar="NAME|PATH")
     base_url: str | None = opt(None, "use this running server for every point instead of "
                                "launching one", metavar="URL")
     points: list[int] | None = opt(None, "only these operating points (indices)",
@@ -71,6 +72,13 @@ class SweepCommand(Launch, PercentilesOption, CostOption):
         return v
 
     @model_validator(mode="after")
+    def _recipe_or_url(self) -> "SweepCommand":
+        if not self.recipe and not (self.base_url and self.conc):
+            raise ValueError("give a recipe (NAME|PATH), or --base-url URL with --conc C,D to "
+                             "sweep a running server")
+        return self
+
+    @model_validator(mode="after")
     def _search_bounds(self) -> "SweepCommand":
         # a value other than the default, not "was given": --print-config writes every field
         default_cells = type(self).model_fields["search_max_cells"].default
@@ -110,15 +118,20 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if not hasattr(args, "recipe") and getattr(args, "base_url", None):
+        args.recipe = ""  # a running server alone: the sweep's plan is --conc (url_recipe)
     return run(from_args(args, SweepCommand))
 
 
 def run(o: SweepCommand) -> int:
     from ..recipe.load import load_recipe
-    from ..sweep.cells import SweepOptions
-    from ..sweep.run import sweep
+    from ..sweep.cells import SweepOptions, url_recipe
+    from ..sweep.run import sweep, undecided
 
-    recipe, path = load_recipe(o.recipe)
+    if o.recipe:
+        recipe, path = load_recipe(o.recipe)
+    else:  # --base-url and --conc: no recipe to read (url_recipe)
+        recipe, path = url_recipe(o.conc or []), Path.cwd() / "(no recipe)"
     out = Path(o.output_dir) if o.output_dir else default_dir(recipe.name, kind="sweep")
     search = o.search_spec()
     run_opts = o.overrides() if search is None else {**o.overrides(), "slo": search.slo}
@@ -131,4 +144,12 @@ def run(o: SweepCommand) -> int:
     if failed:
         print(f"agentx sweep: {len(failed)} of {len(cells)} cell(s) failed (see "
               f"{out / 'sweep.json'})", file=sys.stderr)
-    return 1 if failed else 0
+    if failed:
+        return 1
+    # as `agentx run`: --validate strict (the default) exits 3 on nothing decided, warn does not
+    strict = {**recipe.run_options(), **run_opts}.get("validation", "strict") == "strict"
+    why = undecided(cells, out) if strict else None
+    if why:
+        print(f"agentx sweep: {why}", file=sys.stderr)
+        return 3
+    return 0

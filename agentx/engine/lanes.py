@@ -111,6 +111,10 @@ class LiveStats:
     recent_ttft_ms: list[float] = field(default_factory=list)
     recent_tpot_ms: list[float] = field(default_factory=list)
     output_tokens: int = 0  # of the requests done so far (warm-up included)
+    # done since the warm-up ended: the live throughput's counts (the headline's rule, so
+    # the slow start-up does not drag the figure down: report/progress.py)
+    window_done: int = 0
+    window_output_tokens: int = 0
     # the run's phases for the progress display (report/progress.py), in seconds since the
     # lanes started: relative, so worker processes and Ray actors on other clocks agree
     running: bool = False  # the lanes have started
@@ -125,6 +129,9 @@ class LiveStats:
     def note(self, rec: RequestRecord) -> None:
         self.done += 1
         self.output_tokens += rec.osl or 0
+        if self.warmup_end_s is not None and time.time() - self.start_wall >= self.warmup_end_s:
+            self.window_done += 1
+            self.window_output_tokens += rec.osl or 0
         if not rec.ok:
             self.errors += rec.error != "cancelled"  # the run's own stop is no server error
             return

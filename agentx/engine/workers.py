@@ -72,7 +72,8 @@ def auto_workers(conc: int, cores: int | None = None, reserve: int = 0) -> int:
 
 def merge_live(s: LiveStats, vals: list[dict]) -> None:
     """Fold the workers' latest counters (asdict(LiveStats) each) into `s`."""
-    for f in ("sessions_active", "in_flight", "started", "done", "errors", "output_tokens"):
+    for f in ("sessions_active", "in_flight", "started", "done", "errors", "output_tokens",
+              "window_done", "window_output_tokens"):
         setattr(s, f, sum(v[f] for v in vals))
     # phases: the run's are its slowest worker's (all share the start and the settings)
     s.running, s.stopping = any(v["running"] for v in vals), any(v["stopping"] for v in vals)

@@ -35,9 +35,11 @@ class CostOption(StrictModel):
 
 
 def gpu_count(summary: Mapping) -> int | None:
-    """The GPUs behind the run's server, where the run recorded them (--gpus, a sweep cell's
-    point, the target's own record); None when nothing says."""
-    for v in ((summary.get("config") or {}).get("gpus"), (summary.get("target") or {}).get("gpus")):
+    """The GPUs behind the run's server, where the run recorded them (summary `gpus`: --gpus,
+    the recipe point or the simulator's TP; older runs: the config, the target's own record);
+    None when nothing says."""
+    for v in (summary.get("gpus"), (summary.get("config") or {}).get("gpus"),
+              (summary.get("target") or {}).get("gpus")):
         if isinstance(v, int) and not isinstance(v, bool) and v > 0:
             return v
     return None

@@ -54,12 +54,14 @@ def summarize(records: list[dict], *, window_s: float, gpus: int | None = None,
     isl = sum(prompt_tokens(r) for r in meas)
     osl = sum((r["osl"] or 0) for r in meas)
     w = max(window_s, 1e-9)
+    with_cache = [r for r in meas if r["cached_tokens"] is not None]
+    cached = sum(r["cached_tokens"] for r in with_cache)
     throughput = {"input_tok_s": isl / w, "total_tok_s": (isl + osl) / w,
+                  # the part of total_tok_s that was prompt served from the prefix cache
+                  "cached_share": cached / (isl + osl) if isl + osl else None,
                   "requests_s": len(meas) / w, "window_s": window_s,
                   "per_gpu_tok_s": (isl + osl) / w / gpus if gpus else None,
                   "per_gpu_output_tok_s": osl / w / gpus if gpus else None}
-    with_cache = [r for r in meas if r["cached_tokens"] is not None]
-    cached = sum(r["cached_tokens"] for r in with_cache)
     theo_in = sum(r["isl_intended"] for r in meas)
     isl_err = [(r["isl"] - r["isl_intended"]) for r in meas if r["isl"] is not None]
     out = {

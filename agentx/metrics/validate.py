@@ -71,6 +71,12 @@ class Expectations:
       that holds a handful of requests is mostly the window's edges. 30 is the usual
       floor for a sample mean's normal approximation; p99 wants 100 or more (the console
       flags it below that).
+    - load_sigmas / max_cap_wait_share: an open loop delivered its load when the sessions
+      started fall short of the schedule's expected arrivals (rate x span) by no more than
+      `load_sigmas` Poisson standard deviations (sqrt of that expectation), and no more than
+      `max_cap_wait_share` of the arrived sessions waited for the --max-active cap. Three
+      sigmas: a correct run fails by chance about once in 700; a tenth of sessions waiting
+      means the cap, not the schedule, set the arrivals.
     """
 
     max_error_rate: float = 0.01
@@ -87,6 +93,8 @@ class Expectations:
     required_families: list[str] = field(default_factory=lambda: list(CORE_FAMILIES))
     require_complete_window: bool = True
     min_samples: int = 30
+    load_sigmas: float = 3.0
+    max_cap_wait_share: float = 0.10
 
     def __post_init__(self) -> None:
         if self.thinking is not None and self.thinking not in THINKING_MODES:
@@ -112,6 +120,7 @@ def validate(summary: dict, exp: Expectations, extra_reasons: Iterable[str] = ()
     checks = [
         _samples(summary, exp),
         _error_rate(summary, exp),
+        _load_delivered(summary, exp),
         _families(sm, exp),
         _window(sm, exp),
         _acceptance_length(sm, exp),
@@ -172,6 +181,41 @@ def _samples(summary: dict, exp: Expectations) -> dict:
     return _check(SAMPLES, ok, int(n), f">= {exp.min_samples}", "" if ok else
                   f"{int(n)} measured request(s) in the window, fewer than --min-samples "
                   f"{exp.min_samples}: run longer (--duration) or with more lanes")
+
+
+def _load_delivered(summary: dict, exp: Expectations) -> dict:
+    """Input: summary["arrivals"] (open loop only). An open loop whose sessions could not
+    start as they arrived (the cap was full, the server too slow to free it) measured a
+    lighter load than the one it names: the verdict says so instead of `pass`."""
+    name = "load_delivered"
+    a = summary.get("arrivals")
+    if not isinstance(a, dict):
+        return _skip(name, "closed loop: lanes send as the server answers")
+    span, arrived = _num(a.get("span_s")), _num(a.get("sessions_arrived"))
+    started = _num(a.get("sessions_started"))
+    if not span or arrived is None or started is None:
+        return _skip(name, "no arrival span")
+    rate = _num(a.get("session_rate"))
+    expected = rate * span if rate else arrived  # trace arrivals: the schedule is the trace's
+    floor = expected - exp.load_sigmas * math.sqrt(expected)
+    waited = _num((a.get("cap_wait_s") or {}).get("count")) or 0
+    p50 = _num((a.get("cap_wait_s") or {}).get("p50"))
+    why = []
+    if started < floor:
+        why.append(f"offered {expected / span:.3f} sessions/s, achieved {started / span:.3f}/s "
+                   f"({int(started)} started of {int(arrived)} arrived; fewer than "
+                   f"{max(0.0, floor):.0f}, the schedule's {expected:.1f} less "
+                   f"{exp.load_sigmas:g} sigma)")
+    if arrived and waited / arrived > exp.max_cap_wait_share:
+        why.append(f"{int(waited)} of {int(arrived)} sessions waited for the --max-active cap "
+                   f"(p50 {p50 or 0:.1f} s)")
+    if why:
+        why.append("the load was not delivered: lower --session-rate or raise --max-active "
+                   "(docs/metrics.md#open-loop-arrivals gives the rate a trace sustains)")
+    return _check(name, not why, {"achieved_session_rate": started / span,
+                                  "cap_waits": int(waited)},
+                  {"sessions_started": f">= {max(0.0, floor):.1f}",
+                   "cap_wait_share": f"<= {exp.max_cap_wait_share:g}"}, "; ".join(why))
 
 
 def _error_rate(summary: dict, exp: Expectations) -> dict:

@@ -64,8 +64,10 @@ def delivered(records: Sequence[dict], start_ns: int, stop_ns: int) -> dict:
     done = [r for r in records if r["ok"] and start_ns <= r["end_ns"] <= stop_ns] if span else []
     isl = sum((r["isl"] if r["isl"] is not None else r["isl_intended"]) for r in done)
     osl = sum((r["osl"] or 0) for r in done)
+    cached = sum((r.get("cached_tokens") or 0) for r in done)
     return {"delivered_total_tok_s": (isl + osl) / span if span else None,
             "delivered_output_tok_s": osl / span if span else None,
+            "delivered_cached_share": cached / (isl + osl) if span and isl + osl else None,
             "delivered_requests": len(done), "delivered_window_s": span or None}
 
 
@@ -100,7 +102,8 @@ def headline(th: dict, gpus: int | None = None) -> dict:
     src = "delivered" if th.get("delivered_total_tok_s") is not None else "window"
     total = th["delivered_total_tok_s"] if src == "delivered" else th.get("total_tok_s")
     out = th["delivered_output_tok_s"] if src == "delivered" else th.get("output_tok_s")
-    return {"total_tok_s": total, "output_tok_s": out,
+    share = th.get("delivered_cached_share" if src == "delivered" else "cached_share")
+    return {"total_tok_s": total, "output_tok_s": out, "cached_share": share,
             "per_gpu_tok_s": total / gpus if gpus and total is not None else None,
             "per_gpu_output_tok_s": out / gpus if gpus and out is not None else None,
             "source": src, "definition": HEADLINE_DEFINITION[src]}

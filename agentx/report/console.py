@@ -6,13 +6,18 @@ from rich.table import Table
 
 from ..metrics.arrivals import arrivals_line
 from ..metrics.catalog import DISTS
+from ..metrics.concurrency import LANE, concurrency_line
 from ..metrics.percentiles import pct_key, shown
 from ..metrics.window import headline, not_steady_note
 from .sessions import sessions_line
-from .target import target_text
+from .target import gpus_of, load_text, target_text
 
 WIDE = 200  # columns when stdout is not a terminal: a file or a pipe gets whole numbers
 THIN_P99 = 100  # a p99 from fewer values is flagged: it is the largest value or next to it
+# the two rows a reader of other tools' tables does not know, said once under the table
+GLOSSARY = ("TTFC: time to the first visible (non-reasoning) answer chunk; TTFT per 1k uncached: "
+            "TTFT per 1,000 prompt tokens the server had to prefill (not prefix-cached); "
+            "docs/metrics.md")
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -32,10 +37,7 @@ def _f(v: float | None, nd: int = 1) -> str:
 def title(summary: dict) -> str:
     """`agentx — swe conc 8 — simulator h200-minimaxm3-fp8`: the workload and the target."""
     cfg = summary.get("config") or {}
-    load = (f"rate {cfg['session_rate']:g}/s" if cfg.get("session_rate")
-            else "trace arrivals" if cfg.get("arrivals") == "trace"
-            else f"conc {cfg.get('conc') or '?'}")
-    return (f"agentx — {cfg.get('trace') or '?'} {load} — "
+    return (f"agentx — {cfg.get('trace') or '?'} {load_text(cfg, short=True)} — "
             f"{target_text(summary)}")
 
 
@@ -58,8 +60,9 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         t.caption = (f"n: values per metric; † p99 or above of fewer than {THIN_P99} values "
                      "(near the maximum)")
     console.print(t)
-    for ln in summary_lines(summary):
-        console.print(ln)
+    console.print(GLOSSARY, soft_wrap=True)
+    for ln in summary_lines(summary):  # one line each: the terminal wraps, a pipe greps
+        console.print(ln, soft_wrap=True)
 
 
 def summary_lines(summary: dict, verdict: bool = True) -> list[str]:
@@ -68,6 +71,7 @@ def summary_lines(summary: dict, verdict: bool = True) -> list[str]:
     cache = summary["cache"]
     lines = [
         requests_line(summary),
+        *concurrency_lines(summary),
         *throughput_lines(summary),
         cache_line(cache),
     ]
@@ -106,7 +110,18 @@ def summary_lines(summary: dict, verdict: bool = True) -> list[str]:
     if v and verdict:
         lines.append(f"validation: {v['verdict']}" + (
             " — " + "; ".join(v["reasons"]) if v.get("reasons") else ""))
+        lines.append(f"  {checked_text(v)}")
     return lines
+
+
+def checked_text(v: dict) -> str:
+    """What a verdict rests on: the checks that ran (passed or failed) by name, and how many
+    were skipped (their reasons: summary.json validation.skipped), so `pass` is not taken
+    for more than it checked."""
+    ran = [c["name"] for c in v.get("checks") or [] if c.get("ok") is not None]
+    skipped = len(v.get("skipped") or [])
+    return (f"checked: {', '.join(ran) or 'nothing'}; {skipped} skipped (no input: "
+            "summary.json validation.skipped)")
 
 
 def requests_line(summary: dict) -> str:
@@ -126,26 +141,50 @@ def requests_line(summary: dict) -> str:
     return line
 
 
+def concurrency_lines(summary: dict) -> list[str]:
+    """The load as configured beside the request concurrency it achieved, and (lanes) what a
+    lane is: `--conc 8` is read as 8 requests in flight by users of other tools."""
+    cfg = summary.get("config") or {}
+    c = summary.get("concurrency")
+    if not c:  # a summary written before the block existed
+        return []
+    lanes = not (cfg.get("session_rate") or cfg.get("arrivals") == "trace")
+    return [concurrency_line(c, load_text(cfg))] + ([f"  lane: {LANE}"] if lanes else [])
+
+
+def per_gpu_text(summary: dict, h: dict) -> str:
+    """`per GPU: 1,234 tok/s (8 GPUs, simulator)`, or unknown: a GPU count never assumed."""
+    n = gpus_of(summary)
+    if not n or h.get("per_gpu_tok_s") is None:
+        return "per GPU: unknown (give --gpus)"
+    src = {"given": "--gpus", "simulator": "the simulator's TP"}.get(
+        summary.get("gpus_source") or "given", "--gpus")
+    return f"per GPU: {_f(h['per_gpu_tok_s'])} tok/s ({n} GPU{'s' if n > 1 else ''}, {src})"
+
+
 def throughput_lines(summary: dict) -> list[str]:
-    """The headline throughput with its one-line definition, then the other two, each
-    labelled as what it is."""
+    """The headline throughput, named so, with its cached-prompt share, per GPU and its
+    one-line definition; then the other two, each labelled as not the headline and by the
+    summary.json key it is stored under (docs/metrics.md#throughput)."""
     th = summary["throughput"]
-    gpus = (summary.get("config") or {}).get("gpus")
-    h = th.get("headline") or headline(th, gpus)
-    out = [f"throughput: {_f(h['total_tok_s'])} tok/s total, {_f(h['output_tok_s'])} output "
-           f"tok/s" + (f", {_f(h['per_gpu_tok_s'])} tok/s/GPU" if h.get("per_gpu_tok_s") else "")
-           + f" — {h['definition']}"]
+    h = th.get("headline") or headline(th, gpus_of(summary))
+    share = h.get("cached_share")
+    cached = "" if share is None else f" ({_pct(share)} of it cached prompt)"
+    out = [f"headline throughput: {_f(h['total_tok_s'])} tok/s total{cached}, "
+           f"{_f(h['output_tok_s'])} output tok/s; {per_gpu_text(summary, h)}",
+           f"  headline = {h['definition']} (summary.json throughput.headline)"]
     if h["source"] == "delivered":
-        out.append(f"  measured requests only (sent in the window; the latency table's): "
-                   f"{_f(th['total_tok_s'])} tok/s total, {_f(th['output_tok_s'])} output tok/s, "
-                   f"{_f(th['requests_s'], 3)} req/s over {_f(th['window_s'])} s")
+        out.append(f"  not the headline: measured requests only (sent in the window; the "
+                   f"latency table's): {_f(th['total_tok_s'])} tok/s total, "
+                   f"{_f(th['output_tok_s'])} output tok/s, {_f(th['requests_s'], 3)} req/s "
+                   f"over {_f(th['window_s'])} s (throughput.total_tok_s)")
     else:
         out.append(f"  {_f(th['requests_s'], 3)} req/s over {_f(th['window_s'])} s")
     if th.get("server_total_tok_s") is not None:
-        out.append(f"  server's /metrics over the whole run, start-up included: "
-                   f"{_f(th['server_total_tok_s'])} tok/s total, "
+        out.append(f"  not the headline: server's /metrics over the whole run, start-up "
+                   f"included: {_f(th['server_total_tok_s'])} tok/s total, "
                    f"{_f(th['server_output_tok_s'])} output tok/s over "
-                   f"{_f(th['server_window_s'])} s")
+                   f"{_f(th['server_window_s'])} s (throughput.server_total_tok_s)")
     return out
 
 

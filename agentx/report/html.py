@@ -27,8 +27,15 @@ from ..errors import InputError
 from ..metrics.catalog import DISTS
 from ..metrics.percentiles import pct_key, shown
 from ..rundir import RunDir
-from .console import THIN_P99, summary_lines, title
-from .pareto import INTERACTIVITY, frontier_key, mark_frontiers, pareto_y, run_row
+from .console import GLOSSARY, THIN_P99, checked_text, summary_lines, title
+from .pareto import (
+    INTERACTIVITY,
+    frontier_key,
+    in_flight_text,
+    mark_frontiers,
+    run_row,
+    throughput_axis,
+)
 from .rebuild import Run
 from .target import target_text
 
@@ -167,7 +174,7 @@ def _verdict(s: dict) -> str:
     v = s.get("validation")
     if not v:
         return "<p><b>verdict</b>: not validated (--validate off)</p>"
-    out = [f"<p><b>verdict</b>: {_badge(s)}</p>"]
+    out = [f"<p><b>verdict</b>: {_badge(s)}</p><p>{escape(checked_text(v))}</p>"]
     for name, key in (("reasons", "reasons"), ("warnings", "warnings"),
                       ("checks skipped", "skipped")):
         items = v.get(key) or []
@@ -197,7 +204,8 @@ def _latency_table(s: dict) -> str:
                     f"{'-' if n is None else f'{n:,}'}</td>"
                     + "".join(f"<td class=n>{c}</td>" for c in cells) + "</tr>")
     return (f"<table><caption>latency over the measured requests (n: values per metric; † "
-            f"a p99 or above of fewer than {THIN_P99} values, near the maximum)</caption>"
+            f"a p99 or above of fewer than {THIN_P99} values, near the maximum; "
+            f"{escape(GLOSSARY)})</caption>"
             f"<tr>{head}</tr>{''.join(rows)}</table>")
 
 
@@ -220,16 +228,16 @@ def _pareto_section(runs: list[Run], names: list[str], figs: Figures, goodput: b
     from .plots import pareto_plot
 
     rows = [run_row(str(r.dir), r.summary, r.records, gpus) for r in runs]
-    y, y_label = pareto_y(goodput, cost)
+    y, y_label = throughput_axis(rows, goodput, cost)
     mark_frontiers(rows, y)
-    cols = ["run", "conc", "n", y_label, "TTFT p50 ms", "TPOT p50 ms",
+    cols = ["run", "load", "in flight mean/p90", "n", y_label, "TTFT p50 ms", "TPOT p50 ms",
             *(x for _, x in INTERACTIVITY), "verdict"]
     body = []
     for i, r in sorted(enumerate(rows), key=lambda t: (t[1]["conc"] or 0, t[1]["run"])):
         inter = [_num(r[c]) + (" *" if r[frontier_key(c)] else "") for c, _ in INTERACTIVITY]
         answer = " <b>(SLO answer)</b>" if r.get("slo_answer") else ""  # a sweep's --search
         cells = [f'<a href="#run-{i}">{escape(names[i])}</a>{answer}',
-                 escape(str(r["conc"] or "")), str(r["completed"]), _num(r[y]),
+                 escape(r["load"]), escape(in_flight_text(r)), str(r["completed"]), _num(r[y]),
                  _num(r["ttft_p50_ms"]), _num(r["tpot_p50_ms"]), *map(escape, inter),
                  escape(r["validation"] or "-") + (" (rebuilt)" if r["rebuilt"] else "")]
         body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")

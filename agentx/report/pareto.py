@@ -22,7 +22,7 @@ from ..metrics.cost import cost_columns
 from ..metrics.definitions import interactivity_tok_s
 from ..metrics.summary import measured
 from ..metrics.window import headline
-from .target import target_text
+from .target import gpus_of, load_text, target_text
 
 PUBLISHABLE = ("pass", "")  # verdicts a frontier point may have ("": validation off)
 
@@ -33,15 +33,6 @@ INTERACTIVITY = (("interactivity_tok_s_user", "1000 / TPOT p50 (tok/s/user)"),
 
 # y columns where lower is better (the frontier minimises them)
 LOWER_BETTER = frozenset({"usd_per_m_output_tokens"})
-
-
-def pareto_y(goodput: bool = False, cost: bool = False) -> tuple[str, str]:
-    """The Pareto plot's y column and label: throughput per GPU, goodput per GPU (--goodput)
-    or $ per million output tokens (--cost)."""
-    if cost:
-        return "usd_per_m_output_tokens", "$ per million output tokens"
-    return ("goodput_tok_s_per_gpu", "goodput tok/s per GPU") if goodput \
-        else ("total_tok_s_per_gpu", "throughput tok/s per GPU")
 
 
 def frontier(points: Sequence[tuple[float | None, float | None]],
@@ -72,28 +63,42 @@ def _label(summary: dict, key: str) -> str:
     return "" if v is None else str(v)
 
 
+def _per(v: float | None, n: int | None) -> float | None:
+    return v / n if v is not None and n else None
+
+
 def run_row(name: str, summary: dict, records: list[dict], gpus: int | None = None) -> dict:
-    """The CSV row of one run. `gpus` applies when the run recorded none (else 1: a per-GPU
-    column then equals the total, and the `gpus` column says 1)."""
+    """The CSV row of one run. `gpus` (`report --gpus`) applies when the run recorded none;
+    with no count at all the per-GPU columns are empty, never the total over an assumed 1.
+    Throughput columns are summary.json's `throughput.headline` keys prefixed `headline_`
+    (one name, one meaning in every file: docs/metrics.md#throughput)."""
     cfg = summary.get("config") or {}
-    n_gpu = cfg.get("gpus") or summary.get("gpus") or gpus or 1
+    n_gpu = gpus_of(summary) or gpus
     th = summary["throughput"]
     h = th.get("headline") or headline(th)
     gp = summary.get("goodput") or {}
+    cc = summary.get("concurrency") or {}
     v = (summary.get("validation") or {}).get("verdict", "")
     tpot_p50 = (summary.get("tpot_ms") or {}).get("p50")
+    open_loop = bool(cfg.get("session_rate") or cfg.get("arrivals") == "trace")
     return {
         "run": name, "recipe": _label(summary, "recipe"), "point": _label(summary, "point"),
-        "trace": cfg.get("trace") or "", "conc": cfg.get("conc"), "gpus": n_gpu,
+        "trace": cfg.get("trace") or "", "load": load_text(cfg, short=True),
+        "conc": None if open_loop else cfg.get("conc"), "gpus": n_gpu,
+        "in_flight_mean": cc.get("in_flight_mean"), "in_flight_p90": cc.get("in_flight_p90"),
+        "server_running_mean": cc.get("server_running_mean"),
         "rebuilt": bool(summary.get("rebuilt")), "completed": summary["completed"],
-        "total_tok_s": h["total_tok_s"], "total_tok_s_per_gpu": h["total_tok_s"] / n_gpu,
-        "output_tok_s": h["output_tok_s"], "output_tok_s_per_gpu": h["output_tok_s"] / n_gpu,
-        "throughput_source": h["source"],
+        "headline_total_tok_s": h["total_tok_s"],
+        "headline_per_gpu_tok_s": _per(h["total_tok_s"], n_gpu),
+        "headline_output_tok_s": h["output_tok_s"],
+        "headline_per_gpu_output_tok_s": _per(h["output_tok_s"], n_gpu),
+        "headline_cached_share": h.get("cached_share"),
+        "headline_source": h["source"],
         **csv_columns(summary),  # the catalog's percentiles (ttft_p50_ms, ...)
         "interactivity_tok_s_user": interactivity_tok_s(tpot_p50),
         "e2e_interactivity_tok_s_user": e2e_interactivity(records),
         "goodput_req_s": gp.get("requests_s"), "goodput_tok_s": gp.get("total_tok_s"),
-        "goodput_tok_s_per_gpu": gp["total_tok_s"] / n_gpu if gp else None,
+        "goodput_tok_s_per_gpu": _per(gp.get("total_tok_s"), n_gpu),
         "slo_met_all": (gp.get("met") or {}).get("all"),
         "hit_rate": (summary.get("cache") or {}).get("achieved_hit_rate"),
         "server_hit_rate": ((summary.get("server_metrics") or {}).get("prefix_cache")
@@ -104,6 +109,12 @@ def run_row(name: str, summary: dict, records: list[dict], gpus: int | None = No
         "labels": ";".join(f"{k}={x}" for k, x in (summary.get("labels") or {}).items()),
         "target": target_text({"target": summary.get("target")}),
     }
+
+
+def in_flight_text(row: dict) -> str:
+    """`1.5/3`: the run's requests in flight, mean/p90 (`-` for a run that did not record it)."""
+    m, p = row.get("in_flight_mean"), row.get("in_flight_p90")
+    return "-" if m is None else f"{m:.1f}/{p}"
 
 
 def publishable(row: dict) -> bool:
@@ -117,7 +128,23 @@ def frontier_key(col: str) -> str:
     return f"frontier_{col.removesuffix('_tok_s_user')}"
 
 
-def mark_frontiers(rows: list[dict], y: str = "total_tok_s_per_gpu") -> list[dict]:
+def throughput_axis(rows: list[dict], goodput: bool = False,
+                    cost: bool = False) -> tuple[str, str]:
+    """The frontier's y column and label: $ per million output tokens (--cost, minimised), else
+    throughput or goodput per GPU when every run's GPU count is known, else the total, saying
+    why (a per-GPU axis over an assumed count would be wrong by it)."""
+    if cost:
+        return "usd_per_m_output_tokens", "$ per million output tokens"
+    per_gpu = all(r["gpus"] for r in rows)
+    if goodput:
+        return (("goodput_tok_s_per_gpu", "goodput tok/s per GPU") if per_gpu
+                else ("goodput_tok_s", "goodput tok/s (GPU count unknown: give --gpus)"))
+    return (("headline_per_gpu_tok_s", "headline throughput tok/s per GPU") if per_gpu
+            else ("headline_total_tok_s", "headline throughput tok/s (GPU count unknown: "
+                  "give --gpus)"))
+
+
+def mark_frontiers(rows: list[dict], y: str = "headline_per_gpu_tok_s") -> list[dict]:
     """Add `frontier_<x>` booleans to each row, one per interactivity definition; only
     publishable runs take part."""
     for col, _ in INTERACTIVITY:

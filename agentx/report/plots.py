@@ -8,6 +8,7 @@ docs/report.md shows how to read them.
 from __future__ import annotations
 
 import itertools
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -54,9 +55,22 @@ def latency_cdfs(records: list[dict], path: Path, title: str) -> Path:
             ax.axvline(q, ls=style, color="grey", lw=1, label=f"p{p} {q:,.1f}")
         if v[0] > 0 and v[-1] / v[0] > 100:
             ax.set_xscale("log")
+        else:
+            cut = axis_cut(v)
+            if cut is not None:  # a few outliers would squeeze the rest into one pixel
+                ax.set_xlim(left=min(0.0, float(v[0])), right=cut)
+                ax.plot([], [], " ", label=f"cut at 2×p99; max {v[-1]:,.1f}")
         ax.legend(loc="lower right", fontsize=8)
     axes[0].set_ylabel("fraction of requests")
     return _save(plt, fig, path, title)
+
+
+def axis_cut(v: np.ndarray) -> float | None:
+    """Where a CDF's x axis ends when its maximum is far out: at twice p99, if the maximum is
+    beyond that (20k chunk gaps near 8 ms with p99 20 ms and a 107 ms maximum drew the body a
+    few pixels wide; p99.9 was 82 ms, no help). None: show everything."""
+    top = 2 * float(np.percentile(v, 99))
+    return top if top > 0 and v[-1] > top else None
 
 
 def _delta(a: dict, b: dict, key: str) -> float | None:
@@ -190,8 +204,8 @@ def pareto_plot(rows: list[dict], path: Path, y: str, y_label: str,
     ringed; runs that may not stand on it (verdict insufficient, fail, ...) drawn as grey
     crosses and listed under the plot with `missing` (cells that produced no result)."""
     plt = _pyplot()
-    groups = sorted({_group(r) for r in rows})
-    colour = {g: f"C{i % 10}" for i, g in enumerate(groups)}
+    colour = group_colours(rows)
+    groups = list(colour)
     out = [r for r in rows if not publishable(r)]
     notes = [f"{_point_label(r)}: {r['validation'] or 'no verdict'}"
              + (" (rebuilt)" if r["rebuilt"] else "") for r in out] + list(missing)
@@ -201,17 +215,25 @@ def pareto_plot(rows: list[dict], path: Path, y: str, y_label: str,
         have = [i for i, (a, b) in enumerate(pts) if a is not None and b is not None]
         for g in groups:
             mine = [i for i in have if _group(rows[i]) == g and publishable(rows[i])]
-            if mine:
-                ax.scatter([pts[i][0] for i in mine], [pts[i][1] for i in mine], s=24,
-                           color=colour[g], label=g or "run")
+            if mine:  # translucent with an edge: coinciding points stay visible
+                ax.scatter([pts[i][0] for i in mine], [pts[i][1] for i in mine], s=28,
+                           color=colour[g], alpha=0.75, edgecolors="black", linewidths=0.4,
+                           label=g or "run", zorder=2)
         bad = [i for i in have if not publishable(rows[i])]
         if bad:
             ax.scatter([pts[i][0] for i in bad], [pts[i][1] for i in bad], s=30, marker="x",
-                       color="grey", label="not publishable (verdict)")
-        for i in have:
-            tag = "" if publishable(rows[i]) else f" ({rows[i]['validation'] or 'no verdict'})"
-            ax.annotate(_point_label(rows[i]) + tag, pts[i], fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
+                       color="grey", label="not publishable (verdict)", zorder=2)
+        ax.ticklabel_format(axis="y", useOffset=False)
+        ax.margins(x=0.08, y=0.12)  # room for the labels of the outermost points
+        if not have:  # e.g. TPOT p50 0 (one-token answers): no 1000 / TPOT to plot
+            ax.text(0.5, 0.5, "no run has this interactivity", ha="center",
+                    transform=ax.transAxes, color="grey")
+            ax.set_xticks([])
+            ax.set_yticks([])
+        place_labels(ax, [pts[i] for i in have],
+                     [_point_label(rows[i]) + ("" if publishable(rows[i]) else
+                                               f" ({rows[i]['validation'] or 'no verdict'})")
+                      for i in have])
         star = [i for i in have if rows[i].get("slo_answer")]  # a sweep's SLO search answer
         if star:
             ax.scatter([pts[i][0] for i in star], [pts[i][1] for i in star], s=220,
@@ -225,7 +247,8 @@ def pareto_plot(rows: list[dict], path: Path, y: str, y_label: str,
         ax.set_xlabel(x_label)
         ax.set_ylabel(y_label)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     if notes:
         fig.text(0.01, 0.01, "left off the frontier:\n" + "\n".join(notes), fontsize=7,
                  va="bottom", family="monospace")
@@ -236,12 +259,30 @@ def pareto_plot(rows: list[dict], path: Path, y: str, y_label: str,
                  if notes else None)
 
 
+def group_colours(rows: list[dict]) -> dict[str, str]:
+    """Each operating point's (or label set's) colour, C0, C1, ... in the order the runs are
+    given, not sorted by name: an A/B's runs come A first, so A is C0 and B C1 as in its CDF
+    figure (agentx.ab.plot.SIDE_COLOURS); sorted names swapped them whenever B's label sorted
+    first."""
+    return {g: f"C{i % 10}" for i, g in enumerate(dict.fromkeys(_group(r) for r in rows))}
+
+
+def wrap_title(title: str, fig_width_in: float) -> str:
+    """A title's lines wrapped to the figure's width (~11 characters an inch at the default
+    size): one long line (two URLs, a no-verdict note) ran past both edges and was cut."""
+    width = max(40, int(fig_width_in * 11))
+    return "\n".join(w for ln in title.splitlines()
+                     for w in textwrap.wrap(ln, width, break_on_hyphens=False) or [""])
+
+
 def _group(row: dict) -> str:
     return row.get("point") or row.get("labels") or ""
 
 
 def _save(plt, fig, path: Path, title: str, bottom: float | None = None) -> Path:
-    fig.suptitle(title)
+    """Title wrapped to the figure's width (a long URL or A/B side used to be clipped), and
+    the panels laid out under it."""
+    fig.suptitle(wrap_title(title, fig.get_figwidth()))  # tight_layout makes room for it
     fig.tight_layout(rect=(0, bottom or 0, 1, 1))
     try:
         fig.savefig(path, dpi=DPI)
@@ -253,5 +294,54 @@ def _save(plt, fig, path: Path, title: str, bottom: float | None = None) -> Path
 
 
 def _point_label(row: dict) -> str:
-    base = row.get("point") or row.get("recipe") or Path(row["run"]).name
-    return f"{base} c{row['conc']}" if row.get("conc") else base
+    """`p0-tp8 c8 · 1.5 in flight`: the lanes beside the requests in flight they made (a
+    Pareto plot over lanes is read as over requests in flight); an open loop's rate."""
+    side = next((kv.split("=", 1)[1] for kv in (row.get("labels") or "").split(";")
+                 if kv.startswith("ab_side=")), None)  # an A/B side's run: its side's name
+    base = row.get("point") or side or row.get("recipe") or Path(row["run"]).name
+    load = f"c{row['conc']}" if row.get("conc") else row.get("load") or ""
+    flight = row.get("in_flight_mean")
+    return " ".join(x for x in (base, load) if x) + (
+        f" · {flight:.1f} in flight" if flight is not None else "")
+
+
+LABEL_OFFSETS = ((5, 4), (5, -11), (-5, 4), (-5, -11), (5, 14), (-5, 14), (5, -21), (-5, -21),
+                 (5, 24), (-5, 24))  # points, tried in turn around a point
+
+
+def place_labels(ax, pts: list[tuple[float, float]], texts: list[str], size: float = 7) -> None:
+    """Annotate each point where its text overlaps no label placed before it and no other
+    point, trying LABEL_OFFSETS in turn (the first when none is free): a sweep's cells sit
+    close together and their labels overprinted. Text extents are estimated from the font
+    size (0.6 em a character), in display units after the axes' limits are set."""
+    if not pts:
+        return
+    ax.figure.canvas.draw()  # the limits the scatter set, so data -> display is final
+    to_px = ax.transData.transform
+    scale = ax.figure.dpi / 72  # points -> pixels
+    dots = [to_px(p) for p in pts]
+    frame = ax.bbox.extents  # a label past the axes' edge runs into the frame or is cut
+    taken: list[tuple[float, float, float, float]] = []
+    for pt, (x, y), text in zip(pts, dots, texts):
+        w, h = 0.6 * size * len(text) * scale, size * 1.2 * scale
+        best = None
+        for dx, dy in LABEL_OFFSETS:
+            x0 = x + dx * scale - (w if dx < 0 else 0)
+            y0 = y + dy * scale
+            box = (x0, y0, x0 + w, y0 + h)
+            inside = (frame[0] <= box[0] and box[2] <= frame[2] and frame[1] <= box[1]
+                      and box[3] <= frame[3])
+            clear = inside and not any(_overlap(box, t) for t in taken) and not any(
+                _overlap(box, (px - 3, py - 3, px + 3, py + 3)) for px, py in dots)
+            if clear or best is None:
+                best = (dx, dy, box)
+            if clear:
+                break
+        dx, dy, box = best
+        taken.append(box)
+        ax.annotate(text, pt, xytext=(dx, dy), textcoords="offset points", fontsize=size,
+                    ha="right" if dx < 0 else "left", va="bottom")
+
+
+def _overlap(a: tuple, b: tuple) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]

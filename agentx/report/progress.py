@@ -1,6 +1,7 @@
 """Live progress while a run goes, answering "how long, and is it healthy?": the phase
 (starting, ramp-up, warm-up, measuring, draining), elapsed and remaining time, sessions in
-progress and requests in flight, throughput and errors so far, recent TTFT and TPOT.
+progress and requests in flight, throughput since the warm-up ended, errors so far, recent
+TTFT and TPOT.
 
 A rich Live panel on a terminal; on a pipe/CI a plain status line at every phase change and
 every few seconds between, and one when the run ends. The engine's LiveStats carries the
@@ -70,9 +71,13 @@ def _p50(xs: list[float]) -> str:
 
 
 def _rates(s: LiveStats, elapsed: float) -> str:
-    if elapsed <= 0:
-        return "-"
-    return f"{s.done / elapsed:.2f} req/s, {s.output_tokens / elapsed:,.0f} output tok/s"
+    """Requests and output tokens done per second since the warm-up ended (the headline's
+    window; the start-up's cold prompts left out), `-` before."""
+    span = elapsed - s.warmup_end_s if s.warmup_end_s is not None else 0.0
+    if span <= 0:
+        return "- req/s, - output tok/s"
+    return (f"{s.window_done / span:.2f} req/s, {s.window_output_tokens / span:,.0f} "
+            "output tok/s")
 
 
 def _sessions(s: LiveStats, sep: str = "/", unit: str = "") -> str:
@@ -84,11 +89,12 @@ def _errors(s: LiveStats) -> str:
     return f"{s.errors}" + (f" ({100 * s.errors / s.done:.1f}%)" if s.done else "")
 
 
-def status_line(s: LiveStats, elapsed: float, finished: bool = False) -> str:
-    """One line for logs: `[  12.0s] measuring | left 48 s | sessions 8/8 | ...`."""
-    return (f"[{elapsed:6.1f}s] {phase(s, elapsed, finished)} | left "
+def status_line(s: LiveStats, elapsed: float, finished: bool = False, tag: str = "") -> str:
+    """One line for logs: `[  12.0s] measuring | left 48 s | sessions 8/8 | ...`; `tag`
+    first (an A/B side's `side gpu-only:`), so two runs' lines are told apart."""
+    return (f"{tag + ' ' if tag else ''}[{elapsed:6.1f}s] {phase(s, elapsed, finished)} | left "
             f"{remaining(s, elapsed, finished)} | sessions "
-            f"{_sessions(s)} | in flight {s.in_flight} | done {s.done} | "
+            f"{_sessions(s)} | in flight {s.in_flight} | done {s.done} | since warm-up "
             f"{_rates(s, elapsed)} | errors {_errors(s)} | TTFT p50 {_p50(s.recent_ttft_ms)} ms"
             f" | TPOT p50 {_p50(s.recent_tpot_ms)} ms")
 
@@ -101,7 +107,7 @@ def _table(s: LiveStats, elapsed: float, title: str) -> Table:
     t.add_row("sessions in progress", _sessions(s, " / ", " lanes"))
     t.add_row("requests in flight", str(s.in_flight))
     t.add_row("requests done", str(s.done))
-    t.add_row("throughput so far", _rates(s, elapsed))
+    t.add_row("throughput since the warm-up", _rates(s, elapsed))
     t.add_row("errors", _errors(s))
     t.add_row("TTFT p50 (last 512)", f"{_p50(s.recent_ttft_ms)} ms")
     t.add_row("TPOT p50 (last 512)", f"{_p50(s.recent_tpot_ms)} ms")
@@ -116,7 +122,8 @@ async def _tick(stop: asyncio.Event, seconds: float) -> None:
 
 
 async def show_progress(stats: LiveStats, stop: asyncio.Event, title: str,
-                        interval_s: float = 0.5, plain_every_s: float = 10.0) -> None:
+                        interval_s: float = 0.5, plain_every_s: float = 10.0,
+                        tag: str = "") -> None:
     console = Console(stderr=True)
     if console.is_terminal:
         with Live(_table(stats, 0, title), console=console, refresh_per_second=4,
@@ -131,5 +138,5 @@ async def show_progress(stats: LiveStats, stop: asyncio.Event, title: str,
         now, t = time.monotonic(), run_elapsed(stats)
         now_phase = phase(stats, t, stop.is_set())
         if now_phase != shown or now - last >= plain_every_s:
-            print(status_line(stats, t, stop.is_set()), file=sys.stderr, flush=True)
+            print(status_line(stats, t, stop.is_set(), tag), file=sys.stderr, flush=True)
             shown, last = now_phase, now

@@ -12,9 +12,16 @@ from rich.table import Table
 
 from ..errors import InputError
 from ..rundir import RunDir
-from .pareto import INTERACTIVITY, frontier_key, mark_frontiers, pareto_y, run_row
+from .pareto import (
+    INTERACTIVITY,
+    frontier_key,
+    in_flight_text,
+    mark_frontiers,
+    run_row,
+    throughput_axis,
+)
 from .rebuild import Run, last_turns_of
-from .target import target_text
+from .target import load_text, target_text
 
 CSV_NAME, PARETO_PNG = "runs.csv", "pareto.png"
 
@@ -50,9 +57,10 @@ def report_one(run: Run, console: Console, *, plots: bool = True) -> int:
 
 
 def plot_title(run: Run) -> str:
-    """`DIR: trace swe, conc 8 — simulator PROFILE; labels` for a run's plots."""
+    """`DIR: trace swe, conc 8 — simulator PROFILE; labels` for a run's plots (an open loop:
+    `rate 0.5/s`, not the unused --conc)."""
     cfg = run.summary.get("config") or {}
-    return (f"{run.dir.name}: trace {cfg.get('trace') or '?'}, conc {cfg.get('conc') or '?'} — "
+    return (f"{run.dir.name}: trace {cfg.get('trace') or '?'}, {load_text(cfg, short=True)} — "
             f"{target_text(run.summary)}")
 
 
@@ -62,7 +70,7 @@ def report_many(runs: list[Run], out: Path, console: Console, *, goodput: bool =
     """runs.csv, the frontier table and pareto.png; `missing`: runs that produced no result
     (a sweep's failed cells), listed under the plot."""
     rows = [run_row(str(r.dir), r.summary, r.records, gpus) for r in runs]
-    y, y_label = pareto_y(goodput, cost)
+    y, y_label = throughput_axis(rows, goodput, cost)
     if cost and all(r[y] is None for r in rows):
         raise InputError(rows[0]["run"], "has no cost: give --gpu-hour-usd (and --gpus for "
                          "runs that did not record their GPU count)", field="--cost")
@@ -95,14 +103,15 @@ def write_csv(rows: list[dict], path: Path) -> Path:
 def print_pareto(rows: list[dict], y: str, y_label: str, console: Console) -> None:
     t = Table(title=f"{len(rows)} runs: {y_label} against interactivity in tok/s/user "
                     "(* = on the Pareto frontier; runs whose verdict is not pass stay off it)")
-    for c in ("run", "conc", "n", y_label.replace(" per GPU", "/GPU"), "TTFT p50 ms",
+    for c in ("run", "load", "in flight mean/p90", "n", y_label.replace(" per GPU", "/GPU"),
+              "TTFT p50 ms",
               "TPOT p50 ms", "1000/TPOT p50", "1000/p90(E2E/OSL)", "verdict"):
         t.add_column(c, justify="left" if c in ("run", "verdict") else "right")
     for r in sorted(rows, key=lambda r: (r["conc"] or 0, r["run"])):
         inter = [_f(r[c]) + (" *" if r[frontier_key(c)] else "") for c, _ in INTERACTIVITY]
         name = os.path.basename(r["run"])
-        t.add_row(f"{r['point']}/{name}" if r["point"] else name, str(r["conc"] or ""),
-                  str(r["completed"]), _f(r[y]),
+        t.add_row(f"{r['point']}/{name}" if r["point"] else name, r["load"],
+                  in_flight_text(r), str(r["completed"]), _f(r[y]),
                   _f(r["ttft_p50_ms"]), _f(r["tpot_p50_ms"]), *inter, r["validation"]
                   + (" (rebuilt)" if r["rebuilt"] else ""))
     console.print(t)

@@ -92,9 +92,11 @@ class SimServer:
 
     async def version(self, request: web.Request) -> web.Response:
         # vLLM's answer is {"version": ...}; the extra key tells agentx's reports that this
-        # "vLLM 0.32.0" is the simulator, and with which profile
+        # "vLLM 0.32.0" is the simulator, with which profile and on how many GPUs (its TP:
+        # the per-GPU figures divide by it)
         return _json(orjson.dumps({"version": P.VLLM_VERSION,
-                                   "agentx_simulator": {"profile": self.cfg.profile}}))
+                                   "agentx_simulator": {"profile": self.cfg.profile,
+                                                        "gpus": self.res.tp}}))
 
     async def models(self, request: web.Request) -> web.Response:
         created = int(time.time())

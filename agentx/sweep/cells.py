@@ -18,6 +18,8 @@ from ..rundir import RunDir, write_json
 from .search import SearchSpec
 
 SWEEP_JSON, SUMMARY = "sweep.json", RunDir.SUMMARY
+URL_SWEEP = "url"  # the name of the one-point recipe of a sweep given only --base-url
+LENGTHENED = "search_lengthened"  # label of a cell the search reran longer
 
 
 @dataclass
@@ -46,12 +48,24 @@ class Cell:
     reset_prefix_cache: str | None = None
     seconds: float | None = None
     goodput: float | None = None  # share of the window's requests meeting every SLO (--slo)
+    duration_s: float | None = None  # set when the search lengthened a thin cell (search.py)
 
     def record(self) -> dict:
         return {"point": self.point, "label": self.label, "conc": self.conc,
                 "dir": str(self.dir), "status": self.status, "verdict": self.verdict,
                 "error": self.error, "goodput": self.goodput,
-                "reset_prefix_cache": self.reset_prefix_cache, "seconds": self.seconds}
+                "reset_prefix_cache": self.reset_prefix_cache, "seconds": self.seconds,
+                "lengthened_to_s": self.duration_s}
+
+
+def url_recipe(conc: list[int]) -> Recipe:
+    """The plan of `agentx sweep --base-url URL --conc C,D` without a recipe: one point,
+    `url`, at those concurrencies, against the running server. Its model, precision and
+    hardware are placeholders the schema needs; the cells claim none of them (no InferenceX
+    fields, no GPU count but --set gpus=N: cell_config, run_cell)."""
+    return Recipe.model_validate({"name": URL_SWEEP, "model": "(the server's)",
+                                  "precision": "bf16", "hardware": "cpu", "gpus": 1,
+                                  "points": [{"name": URL_SWEEP, "tp": 1, "conc": conc}]})
 
 
 def point_indices(recipe: Recipe, opts: SweepOptions) -> list[int]:
@@ -109,6 +123,8 @@ def check_resumed(recipe: Recipe, cell: Cell, opts: SweepOptions,
     """Refuse to resume over a finished cell run with another config (InputError, one line
     naming the cell and the first differing field)."""
     recorded = load_summary(cell.dir).get("config") or {}
+    if LENGTHENED in (recorded.get("labels") or {}):  # the search reran it longer: as recorded
+        cell.duration_s = recorded.get("duration_s")
     expected = cell_config(recipe, cell, opts, recorded.get("base_url") or "http://127.0.0.1:1",
                            recorded.get("model"), recipe_dir).public()
     why = drift(recorded, expected)
@@ -123,11 +139,16 @@ def cell_config(recipe: Recipe, cell: Cell, opts: SweepOptions, base_url: str,
     """The recipe's run options, the sweep's overrides, this cell's conc and directory (and,
     given the recipe's directory, the golden entry its synthetic AL is pinned from)."""
     point = recipe.points[cell.point]
+    url_only = recipe.name == URL_SWEEP and opts.base_url is not None
     data = {**recipe.run_options(), **opts.run, "conc": cell.conc, "base_url": base_url,
-            "gpus": point.gpus, "output_dir": str(cell.dir), "overwrite": True,
-            "progress": False}
+            # a recipe's point says its GPUs; a bare URL says nothing (--set gpus=N)
+            "gpus": opts.run.get("gpus") if url_only else point.gpus,
+            "output_dir": str(cell.dir), "overwrite": True, "progress": False}
     # the cell's recipe and point, stored from the run's start and shown in every report
     data["labels"] = {**(data.get("labels") or {}), "recipe": recipe.name or "", "point": cell.label}
+    if cell.duration_s:  # a thin cell the search reran longer, labelled so in every report
+        data["labels"][LENGTHENED] = f"{data.get('duration_s') or 0:g}s->{cell.duration_s:g}s"
+        data["duration_s"] = cell.duration_s
     if model:
         data["model"] = model
     pin = golden_pin(recipe, spec_k(recipe, point, cell.conc), recipe_dir) if recipe_dir \

@@ -15,8 +15,10 @@ sweep.json (`search`), onto the console and, starred, onto pareto.png.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
+import orjson
 from rich.console import Console
 
 from ..errors import InputError
@@ -26,6 +28,7 @@ from ..rundir import write_json
 from .cells import (
     SUMMARY,
     SWEEP_JSON,
+    URL_SWEEP,
     Cell,
     SweepOptions,
     annotate,
@@ -37,7 +40,7 @@ from .cells import (
     plan,
     point_indices,
 )
-from .search import Outcome, Probe, SearchSpec, bisect, judge
+from .search import LENGTHEN, THIN, Outcome, Probe, SearchSpec, bisect, judge
 from .servers import PointServers, choose, reset_prefix_cache
 
 
@@ -51,8 +54,9 @@ def run_cell(recipe: Recipe, cell: Cell, servers: PointServers, opts: SweepOptio
         summary = run(cell_config(recipe, cell, opts, target.url, target.model,
                                   servers.path.parent), target)
         cell.verdict = (summary.get("validation") or {}).get("verdict")
-        annotate(recipe, cell, {"backend": servers.kind,
-                                "reset_prefix_cache": cell.reset_prefix_cache})
+        if recipe.name != URL_SWEEP:  # a bare URL's cells claim no recipe facts
+            annotate(recipe, cell, {"backend": servers.kind,
+                                    "reset_prefix_cache": cell.reset_prefix_cache})
         if servers.died is not None:
             raise RuntimeError(f"the server exited (code {servers.died}) during the cell")
         cell.status = "ok"
@@ -139,10 +143,13 @@ def sweep(recipe: Recipe, path: Path, opts: SweepOptions) -> list[Cell]:
                     bar.update(task, description=f"search {cell.label} c{conc}")
                     cells.append(cell)
                     step(recipe, path, cell, servers, opts, console)
+                    longer = lengthen(recipe, path, cell, servers, opts, console)
                     write_record(out / SWEEP_JSON, recipe, backend, why, cells, searched)
                     bar.advance(task)
-                    return judge(conc, cell.status, cell.verdict, cell.goodput, spec.goodput,
-                                 cell.error)
+                    p = judge(conc, cell.status, cell.verdict, cell.goodput, spec.goodput,
+                              cell.error)
+                    p.lengthened_s = longer
+                    return p
 
                 for i, (lo, hi) in bounds.items():
                     result = bisect(lo, hi, lambda c, i=i: probe(i, c), spec.max_cells)
@@ -160,6 +167,26 @@ def sweep(recipe: Recipe, path: Path, opts: SweepOptions) -> list[Cell]:
         searched["marked_on"] = PARETO_PNG  # the answers are starred there
         write_record(out / SWEEP_JSON, recipe, backend, why, cells, searched)
     return cells
+
+
+def lengthen(recipe: Recipe, path: Path, cell: Cell, servers: PointServers,
+             opts: SweepOptions, console: Console) -> list[float]:
+    """A search cell whose verdict is `insufficient` is rerun at LENGTHEN times its duration
+    (same directory, labelled `search_lengthened`) until it has enough requests to judge, and
+    the console says so: a thin cell is no evidence either way. The durations tried."""
+    base = cell_config(recipe, cell, opts, "http://127.0.0.1:1", None).duration_s
+    opts = replace(opts, resume=False)  # the thin result on disk is what is rerun
+    tried: list[float] = []
+    for factor in LENGTHEN:
+        if cell.verdict != THIN or cell.status == "skipped" or not base:
+            break
+        cell.duration_s = base * factor
+        tried.append(cell.duration_s)
+        console.print(f"  {cell.label} c{cell.conc}: verdict insufficient (too few measured "
+                      f"requests to judge); the search reruns it {factor}x as long, "
+                      f"{cell.duration_s:g} s, before judging it")
+        step(recipe, path, cell, servers, opts, console)
+    return tried
 
 
 def search_bounds(recipe: Recipe, opts: SweepOptions, point: int) -> tuple[int, int]:
@@ -190,6 +217,25 @@ def mark_answer(recipe: Recipe, opts: SweepOptions, point: int, result: Outcome,
 
 def slo_text(slo: dict[str, float]) -> str:
     return ", ".join(f"{k} <= {v:g} ms" for k, v in slo.items())
+
+
+def undecided(cells: list[Cell], out: Path) -> str | None:
+    """Why a sweep decided nothing (None when it did): no cell ran to a verdict that can be
+    published (pass, or validation off), or a search point stayed undecided. `agentx sweep`
+    then exits 3, as `agentx run` does on an insufficient or failed verdict."""
+    ran = [c for c in cells if c.status != "failed"]
+    if ran and not any(c.verdict in (None, "pass") for c in ran):
+        verdicts = ", ".join(f"{c.label} c{c.conc} {c.verdict}" for c in ran)
+        return (f"no cell has a verdict that can be published ({verdicts}): the Pareto "
+                "frontier is empty; run longer (--duration) or see docs/recipes.md#sweeps")
+    try:
+        search = orjson.loads((out / SWEEP_JSON).read_bytes()).get("search") or {}
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    thin = [f"{label} at c{p['undecided']}" for label, p in (search.get("points") or {}).items()
+            if p.get("undecided") is not None]
+    return (f"the search stayed undecided ({', '.join(thin)}: too few measured requests even "
+            "lengthened): raise --duration") if thin else None
 
 
 def report(cells: list[Cell], out: Path) -> None:

@@ -58,7 +58,9 @@ class Target:
         return {"kind": "simulator" if sim else "server",
                 "profile": self.profile if self.embedded else version.get("simulator_profile"),
                 "url": None if self.embedded else redact_url(self.url), "model": model,
-                "server_version": version.get("version")}
+                "server_version": version.get("version"),
+                # the GPUs a simulator simulates (its TP); a real server does not say
+                "gpus": version.get("simulator_gpus")}
 
 
 def read_version(url: str, timeout_s: float = 10.0) -> dict:

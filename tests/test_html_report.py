@@ -160,7 +160,7 @@ def test_several_runs_and_an_ab_in_one_file(made, tmp_path):
     assert "A/B: <i>A</i> against B&<b>" in text and page["italic"] == 0  # no injected <i>
     ab = json.loads((made / "ab" / "ab.json").read_text())
     assert all(m["label"] in text for m in ab["metrics"].values())
-    assert "4 runs: throughput tok/s per GPU against interactivity" in text
+    assert "4 runs: headline throughput tok/s per GPU against interactivity" in text
 
 
 def test_gpu_power_and_energy_are_in_the_page(cli, made, tmp_path, monkeypatch):

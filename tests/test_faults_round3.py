@@ -1,0 +1,126 @@
+"""Reliability, round 3 (issue 30): a report never touches a live run, two runs never share a
+folder, the byte fast path believes nothing the JSON path would not, HTTP framing is bounded,
+a runaway stream is cut, an outage is backed off, a huge /metrics page is bounded, natural
+inputs do not crash, signals and half folders, and hand-edited records. Each case runs a fake
+server on 127.0.0.1 (or the embedded simulator) through agentx's own client or CLI, bounded in
+count and time; classes and limits: docs/reliability.md."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import time
+
+import orjson
+import pytest
+
+from agentx.client.facts import StreamFacts
+from agentx.client.sse import StreamAbort, StreamDecoder
+
+
+# --- defect 3: the byte fast path accepts exactly what the JSON path accepts ---------------------
+def _events(samples_dir) -> list[list[bytes]]:
+    """The real vLLM streams' events (payloads after `data: `), one list per stream."""
+    return [[p[6:] for p in (samples_dir / name).read_bytes().split(b"\n\n")
+             if p.startswith(b"data: ")] for name in ("chat_stream_1.sse", "chat_stream_2.sse")]
+
+
+def _decode(events: list[bytes], fast: bool) -> tuple[dict, bool]:
+    """Facts of a stream decoded with the byte fast path (fast) or through JSON only (keeping
+    the text turns the fast path off), and whether the fast path matched a chunk."""
+    f = StreamFacts()
+    dec = StreamDecoder(f, keep_text=not fast)
+    err = None
+    for i, ev in enumerate(events):
+        try:
+            dec.feed(b"data: " + ev + b"\n\n", 1000 * (i + 1))
+        except StreamAbort as exc:
+            err = exc.kind
+            break
+    dec.finish()
+    return {**dataclasses.asdict(f), "abort": err}, getattr(dec, "_tmpl", None) is not None
+
+
+# the lies of issue 30 (3), each applied to one token chunk after the stream's shape is known
+LIES = {
+    "float count": lambda p: p.replace(b'"completion_tokens":11,', b'"completion_tokens":11.5,'),
+    "exponent count": lambda p: p.replace(b'"completion_tokens":11,', b'"completion_tokens":11e0,'),
+    "leading zero": lambda p: p.replace(b'"completion_tokens":11,', b'"completion_tokens":011,'),
+    "big count": lambda p: p.replace(b'"completion_tokens":11,', b'"completion_tokens":'
+                                     + b"9" * 25 + b","),
+    "invalid UTF-8": lambda p: p.replace(b'"content":"', b'"content":"\xff\xfe', 1),
+    "UTF-8 surrogate": lambda p: p.replace(b'"content":"', b'"content":"\xed\xa0\x80', 1),
+    "bad escape": lambda p: p.replace(b'"content":"', b'"content":"\\x', 1),
+    "lone surrogate escape": lambda p: p.replace(b'"content":"', b'"content":"\\ud800', 1),
+    "control character": lambda p: p.replace(b'"content":"', b'"content":"\x01', 1),
+    "trailing garbage": lambda p: p + b" garbage",
+    "trailing brace": lambda p: p + b"}",
+    "escaped end quote": lambda p: p.replace(b'"},"logprobs"', b'\\"},"logprobs"', 1),
+    "missing comma": lambda p: p.replace(b'"model":"tiny",', b'"model":"tiny" ', 1),
+    "usage twice": lambda p: p[:-1] + b',"usage":null}',
+    "choices twice": lambda p: p[:-1] + b',"choices":[]}',
+    "total as float": lambda p: p.replace(b'"total_tokens":', b'"total_tokens":1.', 1),
+}
+NOISE = [b'"', b"\\", b"}", b"{", b",", b":", b"0", b"7", b".", b"e", b"-", b" ", b"\xff",
+         b"\x01", b"u", b"]", b"n"]
+
+
+def _mutants(events: list[bytes], rng: random.Random, n: int):
+    """`n` copies of a stream, each with one token chunk (the 4th or later, so the fast path
+    has seen the shape) changed by one random byte edit."""
+    tokens = [i for i, e in enumerate(events) if b'"content":"' in e and b'"content":""' not in e]
+    for _ in range(n):
+        i = rng.choice(tokens[3:])
+        p = events[i]
+        at = rng.randrange(len(p) + 1)
+        op = rng.randrange(3)
+        b = rng.choice(NOISE)
+        p = (p[:at] + b + p[at:] if op == 0 else p[:at] + b + p[at + 1:] if op == 1
+             else p[:at] + p[at + 1:])
+        yield events[:i] + [p] + events[i + 1:]
+
+
+@pytest.mark.parametrize("lie", LIES.values(), ids=LIES.keys())
+def test_fast_path_believes_no_lie_the_json_path_rejects(samples_dir, lie):
+    """A real vLLM stream with one token chunk changed: the fast path's facts are the JSON
+    path's, field for field (before: `11.5`/`11e0` read as 11, invalid UTF-8, a bad escape
+    and trailing garbage recorded ok)."""
+    events = _events(samples_dir)[0]
+    i = next(k for k, e in enumerate(events) if b'"completion_tokens":11,' in e)
+    bad = events[:i] + [lie(events[i])] + events[i + 1:]
+    assert bad[i] != events[i]
+    fast, _ = _decode(bad, fast=True)
+    slow, _ = _decode(bad, fast=False)
+    assert fast == slow
+    if lie not in (LIES["escaped end quote"], LIES["usage twice"], LIES["choices twice"],
+                   LIES["total as float"]):  # valid JSON and possible: ok both ways
+        assert fast["error"] in ("malformed", "bad_usage"), fast["error"]  # valid JSON else
+
+
+def test_fast_path_differential_over_mutated_vllm_chunks(samples_dir):
+    """3000 random one-byte edits of real vLLM chunks: both paths give the same facts; the fast
+    path is taken on the unedited streams."""
+    rng = random.Random(30)
+    t0 = time.monotonic()
+    for events in _events(samples_dir):
+        fast, took = _decode(events, fast=True)
+        assert took and fast == _decode(events, fast=False)[0] and fast["error"] is None
+        for bad in _mutants(events, rng, 1500):
+            assert _decode(bad, fast=True)[0] == _decode(bad, fast=False)[0], bad
+    assert time.monotonic() - t0 < 30
+
+
+TAIL = '"},"logprobs":null,"finish_reason":null'
+
+
+@pytest.mark.parametrize("content", ["x" + TAIL, "a\\", 'a\\"', '"', TAIL + "\\", " word\n", "é",
+                                     "\u2028", "\x7f"])
+def test_fast_path_on_content_that_imitates_the_pattern(samples_dir, content):
+    """Valid content that looks like the chunk's own bytes, escapes and non-ASCII text: the
+    same facts both ways, and ok."""
+    events = _events(samples_dir)[1]
+    text = orjson.dumps(content)[1:-1]
+    edited = [e.replace(b'"content":"ctories"', b'"content":"' + text + b'"') if k > 4 else e
+              for k, e in enumerate(events)]
+    fast, _ = _decode(edited, fast=True)
+    assert fast == _decode(edited, fast=False)[0] and fast["error"] is None

@@ -15,7 +15,10 @@ import orjson
 import pytest
 
 from agentx.client.facts import StreamFacts
+from agentx.client.http1 import RequestBody, Response
 from agentx.client.sse import StreamAbort, StreamDecoder
+from agentx.records import OSL_ALLOWANCE
+from test_faults_stream import MAX_TOKENS, Fake, ask, chunk, head, stream
 
 
 # --- defect 3: the byte fast path accepts exactly what the JSON path accepts ---------------------
@@ -124,3 +127,90 @@ def test_fast_path_on_content_that_imitates_the_pattern(samples_dir, content):
               for k, e in enumerate(events)]
     fast, _ = _decode(edited, fast=True)
     assert fast == _decode(edited, fast=False)[0] and fast["error"] is None
+
+
+# --- defect 4: HTTP chunk framing is bounded and linear ------------------------------------------
+def _chunked_head() -> bytes:
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n")
+
+
+def _endless(first: bytes, filler: bytes, total: int = 32 << 20):
+    """An answer that writes `first`, then `filler` until `total` bytes or the client hangs up."""
+    async def answer(srv: Fake, w: asyncio.StreamWriter) -> None:
+        w.write(first)
+        srv.sent += len(first)
+        while srv.sent < total:
+            w.write(filler)
+            srv.sent += len(filler)
+            await w.drain()
+    return answer
+
+
+async def test_chunk_size_line_without_crlf_is_client_error_at_once():
+    """A chunk-size line that never ends (32 MB of hex digits): `client_error` as soon as it
+    passes MAX_CHUNK_LINE, the connection dropped. Before: buffered whole and re-joined per
+    read (32 MB: 11 s with the event loop blocked), the request held until the server stopped."""
+    fake = Fake(lambda n: _endless(_chunked_head(), b"f" * 65536))
+    t0 = time.monotonic()
+    rec = await ask(None, fake=fake)
+    took = time.monotonic() - t0
+    assert rec.error == "client_error" and "chunk-size line" in rec.error_detail, rec.error_detail
+    assert took < 3 and fake.sent < 16 << 20, (took, fake.sent)
+
+
+@pytest.mark.parametrize("after", [b"0\r\nX-Trailer: " , b"1" * 10], ids=["trailer", "size line"])
+async def test_endless_framing_after_done_keeps_the_complete_answer(after):
+    """A complete answer, then an endless trailer (or chunk-size line) after `data: [DONE]`:
+    the answer is kept (ok, every token), the connection closed within MAX_TRAILER bytes.
+    Before: the trailer was buffered to the server's end and the complete answer held."""
+    body = stream()
+    first = _chunked_head() + b"%x\r\n%s\r\n" % (len(body), body) + after
+    fake = Fake(lambda n: _endless(first, b"a" * 65536))
+    t0 = time.monotonic()
+    rec = await ask(None, fake=fake)
+    assert rec.ok and rec.osl == MAX_TOKENS, (rec.error, rec.error_detail)
+    assert time.monotonic() - t0 < 3 and fake.sent < 16 << 20
+
+
+def test_chunk_framing_costs_linear_time():
+    """16 MB of a chunk-size line in 4 KiB reads through the parser: stops within a few reads
+    (the old parser re-joined the held bytes per read: 2.9 s for 16 MB)."""
+    loop = asyncio.new_event_loop()
+    try:
+        resp = Response(StreamDecoder(StreamFacts()), loop.create_future(), RequestBody(b""))
+        resp.feed(_chunked_head(), 1)
+        piece = b"f" * 4096
+        t0 = time.process_time()
+        for _ in range(4096):
+            resp.feed(piece, 1)
+        assert time.process_time() - t0 < 0.5
+        assert resp.done.done() and resp.done.exception().kind == "client_error"
+    finally:
+        loop.close()
+
+
+# --- defect 5: a runaway stream is cut at max_tokens + 16 ----------------------------------------
+def _no_usage_chunk(i: int) -> bytes:
+    return b'data: {"choices":[{"index":0,"delta":{"content":"w"},"finish_reason":null}]}\n\n'
+
+
+@pytest.mark.parametrize("make", [chunk, _no_usage_chunk], ids=["usage", "no usage"])
+async def test_runaway_stream_is_bad_usage_and_small(make):
+    """A server that keeps sending tokens after max_tokens 20 (up to 100,000): the client stops
+    reading at max_tokens + 16, classes it bad_usage and keeps a record of ~37 chunks. Before:
+    read to the end (699,650 tokens, a 10.8 MB record) and classed by whatever ended it."""
+    async def runaway(srv: Fake, w: asyncio.StreamWriter) -> None:
+        w.write(head())
+        for i in range(1, 100_001):
+            w.write(make(i))
+            if i % 100 == 0:
+                await w.drain()
+        srv.sent = i
+        w.write(b"data: [DONE]\n\n")
+
+    t0 = time.monotonic()
+    rec = await ask(None, fake=Fake(lambda n: runaway))
+    assert rec.error == "bad_usage" and "max_tokens 20 + 16" in rec.error_detail, rec.error_detail
+    assert len(rec.chunk_tokens) <= MAX_TOKENS + OSL_ALLOWANCE + 1
+    assert len(orjson.dumps(rec)) < 4096 and time.monotonic() - t0 < 5

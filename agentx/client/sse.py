@@ -23,7 +23,7 @@ import re
 
 import orjson
 
-from ..records import MAX_COUNT, is_count
+from ..records import MAX_COUNT, OSL_ALLOWANCE, is_count
 from .facts import StreamFacts
 
 DONE = b"[DONE]"
@@ -66,9 +66,10 @@ class StreamDecoder:
     matched against its bytes, which believes exactly what the parse would (no JSON parse)."""
 
     __slots__ = ("facts", "t0", "seen_done", "text_parts", "_pend", "_pend_n", "_cr",
-                 "_prev_usage", "_offsets", "_tokens", "_usage", "_tmpl", "_tries")
+                 "_prev_usage", "_offsets", "_tokens", "_usage", "_tmpl", "_tries", "_counted",
+                 "_limit", "_max_tokens")
 
-    def __init__(self, facts: StreamFacts, keep_text: bool = False) -> None:
+    def __init__(self, facts: StreamFacts, keep_text: bool = False, max_tokens: int = 0) -> None:
         self.facts = facts
         self.t0 = 0
         self.seen_done = False
@@ -82,6 +83,11 @@ class StreamDecoder:
         self._tokens = facts.chunk_tokens
         self._tmpl: _Template | None = None  # the verified shape of this stream's chunks
         self._tries = TEMPLATE_TRIES
+        # a server that goes on past max_tokens + OSL_ALLOWANCE is not read on (bad_usage):
+        # it would hold the lane to the request timeout and grow the record without bound
+        self._max_tokens = max_tokens
+        self._limit = max_tokens + OSL_ALLOWANCE if max_tokens > 0 else MAX_COUNT
+        self._counted = 0
 
     def feed(self, data: bytes, t: int) -> None:
         if self.seen_done:
@@ -149,6 +155,11 @@ class StreamDecoder:
         self._pend_n = 0
         return data
 
+    def _runaway(self) -> None:
+        raise StreamAbort("bad_usage", f"usage: counted tokens {self._counted} > max_tokens "
+                          f"{self._max_tokens} + {OSL_ALLOWANCE}: the server went on past "
+                          "the limit; stopped reading there")
+
     def _error(self, kind: str, detail: str) -> None:
         """The request fails with `kind` (the first fault found is the one reported)."""
         f = self.facts
@@ -184,6 +195,9 @@ class StreamDecoder:
                     f.first_content_ns = t
                 self._offsets.append(t - self.t0)
                 self._tokens.append(n)
+                self._counted += n
+                if self._counted > self._limit:
+                    self._runaway()
                 return
         try:
             ev = _loads(payload)
@@ -260,6 +274,9 @@ class StreamDecoder:
             self._tokens.append(k)
             if content and self.text_parts is not None:
                 self.text_parts.append(content)
+            self._counted += k
+            if self._counted > self._limit:
+                self._runaway()
         fr = ch.get("finish_reason")
         if fr:
             f.finish_reason = fr if type(fr) is str else str(fr)[:40]

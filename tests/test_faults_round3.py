@@ -18,7 +18,8 @@ from agentx.client.facts import StreamFacts
 from agentx.client.http1 import RequestBody, Response
 from agentx.client.sse import StreamAbort, StreamDecoder
 from agentx.records import OSL_ALLOWANCE
-from test_faults_stream import MAX_TOKENS, Fake, ask, chunk, head, stream
+from helpers import write_trace
+from test_faults_stream import MAX_TOKENS, Fake, ask, chunk, head, in_thread, sse, stream
 
 
 # --- defect 3: the byte fast path accepts exactly what the JSON path accepts ---------------------
@@ -214,3 +215,33 @@ async def test_runaway_stream_is_bad_usage_and_small(make):
     assert rec.error == "bad_usage" and "max_tokens 20 + 16" in rec.error_detail, rec.error_detail
     assert len(rec.chunk_tokens) <= MAX_TOKENS + OSL_ALLOWANCE + 1
     assert len(orjson.dumps(rec)) < 4096 and time.monotonic() - t0 < 5
+
+
+# --- defect 8: natural inputs that crashed ------------------------------------------------------
+KEY = "sk-kéy€"  # a key pasted with a non-latin-1 character
+
+
+@pytest.mark.parametrize("how", ["inf", "1e300", "config .inf", "warmup inf", "api key",
+                                 "env key"])
+def test_infinite_timeouts_and_unsendable_keys_are_one_line(cli, tmp_path, monkeypatch, how):
+    """`--request-timeout inf` (1e300, `.inf` in --config, --warmup inf) and an API key that
+    cannot go in an HTTP header: one line naming the option, exit 2, no output folder, the key
+    not echoed. Before: OverflowError / UnicodeEncodeError tracebacks (exit 1), a half folder."""
+    out = tmp_path / "out"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("request_timeout: .inf\n")
+    extra = {"inf": ["--request-timeout", "inf"], "1e300": ["--request-timeout", "1e300"],
+             "config .inf": ["--config", cfg], "warmup inf": ["--warmup", "inf"],
+             "api key": ["--api-key", KEY], "env key": []}[how]
+    if how == "env key":
+        monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    with in_thread(lambda n: sse(stream())) as srv:
+        r = cli("run", "--trace", write_trace(tmp_path / "tr", think=0.0, out=MAX_TOKENS),
+                "--conc", "1", "--duration", "0", "--max-requests", "2", "--no-progress",
+                "--base-url", srv.url, "--output-dir", out, "--scrape-interval", "0", *extra)
+    assert r.returncode == 2, (r.returncode, r.stderr[-1500:])
+    line = r.stderr.strip()
+    assert "\n" not in line and line.startswith("error: ") and "Traceback" not in r.stderr
+    assert ("timeout" in line or "warmup" in line or "API_KEY" in line or "api-key" in line)
+    assert KEY not in r.stderr + r.stdout and "€" not in r.stderr
+    assert not out.exists()

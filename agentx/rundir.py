@@ -264,6 +264,11 @@ def read_jsonl(path: str | os.PathLike, strict: bool = False) -> tuple[list[dict
 
 
 # -- the worker merge ------------------------------------------------------------------------
+def _start(r: dict, key: str = "start_ns") -> int:
+    v = r.get(key)
+    return v if type(v) is int else 0
+
+
 def merge_record_files(parts: Sequence[str | os.PathLike], dest: str | os.PathLike,
                        warm_until_ns: int | None = None) -> tuple[int, int]:
     """Merge record files (worker files; `dest` may be one of them) into `dest`, ordered by
@@ -280,10 +285,10 @@ def merge_record_files(parts: Sequence[str | os.PathLike], dest: str | os.PathLi
         bad += b
         for r in got:
             rows.setdefault(r.get("request_id") or f"{os.fspath(part)}:{len(rows)}", r)
-    ordered = sorted(rows.values(), key=lambda r: r.get("start_ns") or 0)
+    ordered = sorted(rows.values(), key=_start)  # a hand-edited start sorts first, not raises
     if warm_until_ns:
         for r in ordered:
-            if not r.get("warmup") and r["intended_send_ns"] < warm_until_ns:
+            if not r.get("warmup") and _start(r, "intended_send_ns") < warm_until_ns:
                 r["warmup"] = True
     try:
         write_bytes(dest, (orjson.dumps(r) + b"\n" for r in ordered))

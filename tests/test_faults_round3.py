@@ -245,3 +245,42 @@ def test_infinite_timeouts_and_unsendable_keys_are_one_line(cli, tmp_path, monke
     assert ("timeout" in line or "warmup" in line or "API_KEY" in line or "api-key" in line)
     assert KEY not in r.stderr + r.stdout and "€" not in r.stderr
     assert not out.exists()
+
+
+# --- defect 10: `agentx report` re-checks hand-edited records ------------------------------------
+EDITS = {
+    "e2e_ms abc": ("e2e_ms", "abc"), "chunk_tokens x": ("chunk_tokens", "x"),
+    "chunk_offsets null": ("chunk_offsets_ns", None), "start_ns string": ("start_ns", "5"),
+    "end_ns missing": ("end_ns", KeyError), "ttft negative": ("ttft_ms", -5.0),
+    "ok string": ("ok", "yes"), "lane string": ("lane", "1"), "warmup null": ("warmup", None),
+    "tpot NaN": ("tpot_ms", "NaN"), "status string": ("status", "200"),
+    "error number": ("error", 5), "chunk token float": ("chunk_tokens", [1.5] * MAX_TOKENS),
+    "request_id number": ("request_id", 7), "turn null": ("turn", None),
+    "offsets short": ("chunk_offsets_ns", [1]), "end before start": ("end_ns", 1),
+    "lane missing": ("lane", KeyError),
+}
+
+
+@pytest.mark.parametrize("edit", EDITS.values(), ids=EDITS.keys())
+def test_report_skips_hand_edited_records(cli, tmp_path, edit):
+    """One field of one of six records edited by hand: `agentx report` skips that record and
+    says so in one line, no traceback, and the rest are summarized (a negative ttft_ms is not
+    in the distribution). Before: 5 of these crashed it and a negative TTFT was kept."""
+    from test_faults_stream import _ok_record
+
+    recs = [_ok_record(i) for i in range(6)]
+    name, value = edit
+    if value is KeyError:
+        del recs[2][name]
+    else:
+        recs[2][name] = value
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "requests.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+    r = cli("report", run, "--no-plots")
+    assert "Traceback" not in r.stderr + r.stdout and r.returncode in (0, 3), r.stderr[-2000:]
+    notes = [ln for ln in r.stdout.splitlines() if "invalid record" in ln]
+    assert len(notes) == 1 and "skipped 1 invalid record(s)" in notes[0] and name in notes[0]
+    s = orjson.loads((run / "summary.json").read_bytes())
+    assert s["rebuilt_from"]["records"] == 5 and s["rebuilt_from"]["invalid_records"] == 1
+    assert s["ttft_ms"]["min"] >= 0 and s["completed"] == 5

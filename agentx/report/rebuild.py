@@ -20,6 +20,7 @@ from ..metrics.gpu import gpu_rows, scrape_rows
 from ..metrics.prom import Snapshot
 from ..metrics.scraper import SERIES_KEYS
 from ..metrics.summary import summarize
+from ..records import valid_records
 from ..rundir import RunDir, read_jsonl, write_json
 
 REQUESTS, SUMMARY = RunDir.REQUESTS, RunDir.SUMMARY  # for the notes below
@@ -95,6 +96,9 @@ def load_run(run_dir: Path, *, gpus: int | None = None, slo: dict | None = None)
     records, bad = read_jsonl(rd.requests)
     if bad:
         notes.append(f"skipped {bad} unreadable line(s) in {REQUESTS}")
+    records, invalid, why = valid_records(records)  # re-checked as the run writes them
+    if invalid:
+        notes.append(f"skipped {invalid} invalid record(s) in {REQUESTS} (the first: {why})")
     rows, bad_m = read_jsonl(rd.metrics)
     metrics, gpu = scrape_rows(rows), gpu_rows(rows)
     summary, broken = rd.read_json(SUMMARY)
@@ -107,6 +111,7 @@ def load_run(run_dir: Path, *, gpus: int | None = None, slo: dict | None = None)
         summary = rebuild_summary(records, metrics, gpus=gpus, slo=slo,
                                   meta=read_run_json(run_dir))
         summary["rebuilt_from"] = {"records": len(records), "unreadable_lines": bad,
+                                   "invalid_records": invalid,
                                    "worker_files_merged": merged, "metrics_rows": len(metrics),
                                    "unreadable_metrics_lines": bad_m}
         if broken:

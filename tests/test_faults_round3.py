@@ -9,7 +9,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import orjson
 import pytest
@@ -114,6 +118,7 @@ def test_fast_path_differential_over_mutated_vllm_chunks(samples_dir):
     assert time.monotonic() - t0 < 30
 
 
+REPO = Path(__file__).resolve().parents[1]
 TAIL = '"},"logprobs":null,"finish_reason":null'
 
 
@@ -284,3 +289,130 @@ def test_report_skips_hand_edited_records(cli, tmp_path, edit):
     s = orjson.loads((run / "summary.json").read_bytes())
     assert s["rebuilt_from"]["records"] == 5 and s["rebuilt_from"]["invalid_records"] == 1
     assert s["ttft_ms"]["min"] >= 0 and s["completed"] == 5
+
+
+# --- defects 1, 2 and 9: a run's directory is claimed; signals and half folders -----------------
+def _agentx_run(tmp_path, url: str | None, out, *extra) -> subprocess.Popen:
+    """`agentx run` in a child process against `url` (None: the embedded simulator)."""
+    trace = write_trace(tmp_path / "tr", think=0.2, out=MAX_TOKENS)
+    target = ["--base-url", url, "--scrape-interval", "0"] if url else \
+        ["--sim-profile", "cpu-tiny", "--sim-time-scale", "20"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentx", "run", "--trace", str(trace), "--no-progress",
+         "--output-dir", str(out), "--warmup", "0", "--validate", "warn", *target, *map(str, extra)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(cond, limit: float = 30.0) -> None:
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < limit, "timed out"
+        time.sleep(0.02)
+
+
+def _records(path) -> list[dict]:
+    return [orjson.loads(ln) for ln in path.read_bytes().splitlines()]
+
+
+def test_report_on_a_live_workers_run_touches_nothing(cli, tmp_path):
+    """`agentx report DIR` while a --workers 2 run writes DIR: refused in one line (exit 2), the
+    worker files left alone; the run ends with every request the server answered recorded.
+    Before: the report merged and deleted the live worker files and the run lost its records."""
+    out = tmp_path / "live"
+    with in_thread(lambda n: sse(stream())) as srv:
+        p = _agentx_run(tmp_path, srv.url, out, "--workers", 2, "--conc", 4, "--duration", 5)
+        try:
+            _wait_for(lambda: sum(f.stat().st_size for f in out.glob("requests.w*.jsonl")) > 0)
+            r = cli("report", out, "--no-plots")
+            workers_left = sorted(f.name for f in out.glob("requests.w*.jsonl"))
+        finally:
+            _, err = p.communicate(timeout=60)
+        served = srv.requests
+    assert r.returncode == 2 and "in progress" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert workers_left == ["requests.w0.jsonl", "requests.w1.jsonl"]
+    assert p.returncode == 0, err[-2000:]
+    recs = _records(out / "requests.jsonl")
+    assert len(recs) == served > 0 and not list(out.glob("requests.w*.jsonl"))
+    assert cli("report", out, "--no-plots").returncode in (0, 3)  # after the run: reads it
+
+
+@pytest.mark.parametrize("exists", [False, True], ids=["new", "empty"])
+def test_two_runs_into_one_directory_one_refuses(tmp_path, exists):
+    """Two runs started together into one new (or empty) --output-dir, against a server whose
+    /v1/models takes a second (a slow start-up): one runs, the other refuses in one line
+    (exit 2); the folder holds one run's records, every line whole. Before: both passed the
+    check before the start-up, both exited 0, and the records were two runs' mixed."""
+    out = tmp_path / "shared"
+    if exists:
+        out.mkdir()
+    with in_thread(lambda n: sse(stream()), models_delay=1.0) as srv:
+        ps = [_agentx_run(tmp_path, srv.url, out, "--conc", 2, "--duration", 3)
+              for _ in range(2)]
+        errs = [p.communicate(timeout=120)[1] for p in ps]
+    codes = sorted(p.returncode for p in ps)
+    assert codes == [0, 2], (codes, errs)
+    loser = errs[[p.returncode for p in ps].index(2)].strip()
+    assert "\n" not in loser and ("another agentx run" in loser or "is not empty" in loser)
+    recs = _records(out / "requests.jsonl")  # raises on a line cut in two
+    assert recs and len({r["request_id"].split("-")[0] for r in recs}) == 1  # one run's
+
+
+@pytest.mark.parametrize("delay", [0.3, 1.2])
+def test_sigterm_during_start_up_exits_130_and_leaves_nothing(tmp_path, delay):
+    """SIGTERM while the embedded simulator starts: exit 130 with the one line `agentx:
+    interrupted` (no traceback from agentx or the simulator child, no BrokenPipe), no folder.
+    Before: exit 143 in silence (BrokenPipe tracebacks from the child at times)."""
+    out = tmp_path / "out"
+    p = _agentx_run(tmp_path, None, out, "--conc", 2, "--duration", 5)
+    time.sleep(delay)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, (p.returncode, err[-2000:])
+    assert err.strip() == "agentx: interrupted", err[-2000:]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["TERM", "KILL"])
+def test_workers_run_killed_at_run_json_leaves_a_reusable_folder(tmp_path, sig):
+    """A --workers 2 run killed as soon as run.json exists: a re-run into the same folder runs
+    (exit 0) instead of refusing it as "not empty" (before: a folder of run.json alone,
+    refused). A SIGTERM that lands once the load has started ends an interrupted run, whole
+    (exit 130, a summary): that folder is a run's and is kept."""
+    out = tmp_path / "out"
+
+    async def slow(srv: Fake, w: asyncio.StreamWriter) -> None:  # no record before the kill
+        await asyncio.sleep(2.0 if srv.requests <= 2 else 0.0)
+        w.write(sse(stream()))
+
+    with in_thread(lambda n: slow) as srv:
+        p = _agentx_run(tmp_path, srv.url, out, "--workers", 2, "--conc", 2, "--duration", 5)
+        _wait_for(lambda: (out / "run.json").exists())
+        p.send_signal(sig)
+        p.communicate(timeout=60)
+        if (out / "summary.json").exists():
+            assert sig == signal.SIGTERM and p.returncode == 130
+            return
+        before = srv.requests
+        left = {f.name: f.read_bytes()[:300] for f in out.iterdir()} if out.exists() else {}
+        again = _agentx_run(tmp_path, srv.url, out, "--conc", 2, "--duration", 0,
+                            "--max-requests", 4, "--min-samples", 1)
+        _, err = again.communicate(timeout=60)
+        served = srv.requests - before
+    assert again.returncode == 0, (err[-2000:], left)
+    assert len(_records(out / "requests.jsonl")) == served > 0
+
+
+def test_output_folder_replaced_by_a_file_mid_run_is_one_line(tmp_path):
+    """The output folder moved away and a file put in its place while the run goes on: one line
+    naming the file, exit 2, no traceback (before: NotADirectoryError traceback, exit 1)."""
+    out = tmp_path / "out"
+    with in_thread(lambda n: sse(stream())) as srv:
+        p = _agentx_run(tmp_path, srv.url, out, "--conc", 2, "--duration", 3)
+        _wait_for(lambda: (out / "requests.jsonl").exists() and
+                  (out / "requests.jsonl").stat().st_size > 0)
+        out.rename(tmp_path / "moved")
+        out.write_text("not a folder")
+        _, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and "Traceback" not in err, (p.returncode, err[-2000:])
+    assert err.strip().startswith("error: ") and "\n" not in err.strip()
+    assert len(_records(tmp_path / "moved" / "requests.jsonl")) > 0

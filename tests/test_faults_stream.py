@@ -76,8 +76,9 @@ class Fake:
     GET /v1/models lists one model, anything else is a 404. `sent` counts what it wrote,
     `cut` says a client closed the connection while it was still writing."""
 
-    def __init__(self, answer) -> None:
+    def __init__(self, answer, models_delay: float = 0.0) -> None:
         self.answer = answer
+        self.models_delay = models_delay  # seconds before /v1/models answers (a slow start)
         self.requests = 0
         self.sent = 0
         self.cut = False
@@ -99,6 +100,7 @@ class Fake:
                           if x.lower().startswith(b"content-length:")), 0)
                 await r.readexactly(n)
                 if h.startswith(b"GET /v1/models"):
+                    await asyncio.sleep(self.models_delay)
                     w.write(head(ctype="application/json", length=len(MODELS)) + MODELS)
                     continue
                 if not h.startswith(b"POST /v1/chat/completions"):
@@ -119,10 +121,10 @@ class Fake:
 
 
 @contextlib.contextmanager
-def in_thread(answer):
+def in_thread(answer, models_delay: float = 0.0):
     """A Fake served by its own event loop in a thread (for a CLI run in a subprocess)."""
     loop = asyncio.new_event_loop()
-    fake = loop.run_until_complete(Fake(answer).__aenter__())
+    fake = loop.run_until_complete(Fake(answer, models_delay).__aenter__())
     th = threading.Thread(target=loop.run_forever, daemon=True)
     th.start()
     try:

@@ -88,6 +88,10 @@ def load_run(run_dir: Path, *, gpus: int | None = None, slo: dict | None = None)
     that recorded no goodput (or other SLOs) gets it computed from its records, in memory."""
     notes = []
     rd = RunDir(run_dir)
+    owner = rd.live_owner()
+    if owner is not None:  # its files are being written: nothing here may be merged or cut
+        raise InputError(str(run_dir), f"a run is in progress here (agentx {owner}): agentx "
+                         "report reads it once that run has ended", field="DIR")
     if drop_partial_line(rd.requests):
         notes.append(f"dropped the cut-off last line of {REQUESTS} (its writer was killed)")
     merged = rd.merge_workers()

@@ -416,3 +416,28 @@ def test_output_folder_replaced_by_a_file_mid_run_is_one_line(tmp_path):
     assert p.returncode == 2 and "Traceback" not in err, (p.returncode, err[-2000:])
     assert err.strip().startswith("error: ") and "\n" not in err.strip()
     assert len(_records(tmp_path / "moved" / "requests.jsonl")) > 0
+
+
+# --- defect 7: an oversized /metrics page is bounded ---------------------------------------------
+def test_oversized_metrics_page_fails_the_scrape_not_the_run(tmp_path):
+    """A 40 MB /metrics page (valid text, 1.3 M samples): each scrape fails at MAX_PAGE, is
+    counted in server_metrics.scrape.errors, and the 3 s run ends in seconds. Before: every
+    scrape was read and parsed whole (a 31 MB page: a 5 s run took 16.6 s and 381 MB; 312 MB:
+    84 s, 1.9 GB) with `errors 0`."""
+    page = b"".join(b'vllm:num_requests_running{engine="%d"} 1.0\n' % i for i in range(1_000_000))
+    out = tmp_path / "out"
+    with in_thread(lambda n: sse(stream()), metrics=page) as srv:
+        t0 = time.monotonic()
+        p = subprocess.run(
+            [sys.executable, "-m", "agentx", "run", "--trace",
+             str(write_trace(tmp_path / "tr", think=0.2, out=MAX_TOKENS)), "--no-progress",
+             "--conc", "2", "--duration", "3", "--warmup", "0", "--base-url", srv.url,
+             "--output-dir", str(out), "--scrape-interval", "1", "--connect-timeout", "5",
+             "--validate", "warn"], cwd=REPO, capture_output=True, text=True, timeout=60)
+        took = time.monotonic() - t0
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    scrape = orjson.loads((out / "summary.json").read_bytes())["server_metrics"]["scrape"]
+    # every scrape failed (one may be cancelled at the stop, uncounted); none was kept
+    assert scrape["errors"] >= max(2, scrape["attempts"] - 1), scrape
+    assert (out / "metrics.jsonl").read_bytes() == b""
+    assert took < 15, took

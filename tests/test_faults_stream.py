@@ -76,9 +76,11 @@ class Fake:
     GET /v1/models lists one model, anything else is a 404. `sent` counts what it wrote,
     `cut` says a client closed the connection while it was still writing."""
 
-    def __init__(self, answer, models_delay: float = 0.0) -> None:
+    def __init__(self, answer, models_delay: float = 0.0, metrics: bytes | None = None) -> None:
         self.answer = answer
         self.models_delay = models_delay  # seconds before /v1/models answers (a slow start)
+        self.metrics = metrics  # GET /metrics's page (None: a 404)
+        self.scrapes = 0
         self.requests = 0
         self.sent = 0
         self.cut = False
@@ -103,6 +105,13 @@ class Fake:
                     await asyncio.sleep(self.models_delay)
                     w.write(head(ctype="application/json", length=len(MODELS)) + MODELS)
                     continue
+                if h.startswith(b"GET /metrics") and self.metrics is not None:
+                    self.scrapes += 1
+                    w.write(head(ctype="text/plain", length=len(self.metrics)))
+                    for i in range(0, len(self.metrics), 1 << 20):
+                        w.write(self.metrics[i:i + (1 << 20)])
+                        await w.drain()
+                    continue
                 if not h.startswith(b"POST /v1/chat/completions"):
                     w.write(head("404 Not Found", "text/plain", 0))
                     continue
@@ -121,10 +130,10 @@ class Fake:
 
 
 @contextlib.contextmanager
-def in_thread(answer, models_delay: float = 0.0):
+def in_thread(answer, models_delay: float = 0.0, metrics: bytes | None = None):
     """A Fake served by its own event loop in a thread (for a CLI run in a subprocess)."""
     loop = asyncio.new_event_loop()
-    fake = loop.run_until_complete(Fake(answer, models_delay).__aenter__())
+    fake = loop.run_until_complete(Fake(answer, models_delay, metrics).__aenter__())
     th = threading.Thread(target=loop.run_forever, daemon=True)
     th.start()
     try:

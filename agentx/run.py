@@ -28,6 +28,7 @@ from .errors import InputError, OutputError, RunLost
 from .metrics.arrivals import arrival_summary
 from .metrics.goodput import goodput
 from .metrics.gpu import energy_block
+from .metrics.outages import outages
 from .metrics.server_metrics import kv_pool
 from .metrics.summary import dist, summarize
 from .metrics.tiers import resolve as resolve_tier
@@ -380,7 +381,9 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
         "runqueue_wait_ms_per_s": max((x.runqueue_wait_ms_per_s or 0.0) for x in results),
         "max_in_flight": max_overlap([(r["start_ns"], r["end_ns"]) for r in records]),
         "max_sessions_active": sum(x.max_sessions_active for x in results),
+        "backoff_s": round(sum(x.backoff_s for x in results), 3),  # after connect failures
     })
+    s["outages"] = outages(records)  # each one event, not its connect failures one by one
     s["server_metrics"] = server_metrics
     s["cache"].update(tier or {})
     if s["cache"]["kv_pool_tokens"]:

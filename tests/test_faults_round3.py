@@ -292,9 +292,9 @@ def test_report_skips_hand_edited_records(cli, tmp_path, edit):
 
 
 # --- defects 1, 2 and 9: a run's directory is claimed; signals and half folders -----------------
-def _agentx_run(tmp_path, url: str | None, out, *extra) -> subprocess.Popen:
+def _agentx_run(tmp_path, url: str | None, out, *extra, think: float = 0.2) -> subprocess.Popen:
     """`agentx run` in a child process against `url` (None: the embedded simulator)."""
-    trace = write_trace(tmp_path / "tr", think=0.2, out=MAX_TOKENS)
+    trace = write_trace(tmp_path / f"tr{think}", think=think, out=MAX_TOKENS)
     target = ["--base-url", url, "--scrape-interval", "0"] if url else \
         ["--sim-profile", "cpu-tiny", "--sim-time-scale", "20"]
     return subprocess.Popen(
@@ -441,3 +441,34 @@ def test_oversized_metrics_page_fails_the_scrape_not_the_run(tmp_path):
     assert scrape["errors"] >= max(2, scrape["attempts"] - 1), scrape
     assert (out / "metrics.jsonl").read_bytes() == b""
     assert took < 15, took
+
+
+# --- defect 6: an outage is backed off and reported as one event ---------------------------------
+def test_server_restart_is_backed_off_and_one_outage(tmp_path):
+    """The server goes away for 3 s mid-run (connections dropped, connects refused), with
+    --max-error-rate 0 to survive it: each lane backs off (0.1 s doubling to 5 s, jittered),
+    the run records a few dozen `connect` failures, counts the wait in client.backoff_s and
+    reports one outage of ~3 s. Before: 17,392 connect attempts (5.6k/s) for a 3 s restart,
+    15.6 MB of records, a 98.9% error rate."""
+    out = tmp_path / "out"
+
+    async def paced(srv: Fake, w: asyncio.StreamWriter) -> None:  # ~20 answers/s a lane
+        await asyncio.sleep(0.05)
+        w.write(sse(stream()))
+
+    with in_thread(lambda n: paced) as srv:
+        p = _agentx_run(tmp_path, srv.url, out, "--conc", 4, "--duration", 7,
+                        "--max-error-rate", 0, think=0.0)
+        _wait_for(lambda: (out / "requests.jsonl").exists() and
+                  (out / "requests.jsonl").stat().st_size > 2000)
+        asyncio.run_coroutine_threadsafe(srv.restart(3.0), srv.loop).result(timeout=10)
+        _, err = p.communicate(timeout=60)
+    assert p.returncode in (0, 3), err[-2000:]
+    recs = _records(out / "requests.jsonl")
+    failed = [r for r in recs if r["error"] == "connect"]
+    assert 4 <= len(failed) <= 80, len(failed)
+    s = orjson.loads((out / "summary.json").read_bytes())
+    assert len(s["outages"]) == 1, s["outages"]
+    o = s["outages"][0]
+    assert 2.5 <= o["duration_s"] <= 8 and o["connect_failures"] == len(failed)
+    assert s["client"]["backoff_s"] > 2 and "server unreachable once: " in err

@@ -81,20 +81,33 @@ class Fake:
         self.models_delay = models_delay  # seconds before /v1/models answers (a slow start)
         self.metrics = metrics  # GET /metrics's page (None: a 404)
         self.scrapes = 0
+        self.port = 0
+        self.conns: set[asyncio.StreamWriter] = set()
         self.requests = 0
         self.sent = 0
         self.cut = False
 
     async def __aenter__(self) -> "Fake":
-        self.server = await asyncio.start_server(self._conn, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        self.server = await asyncio.start_server(self._conn, "127.0.0.1", self.port)
+        self.port = self.server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
         return self
+
+    async def restart(self, down_s: float) -> None:
+        """Stop listening and drop every connection for `down_s` seconds, then listen on
+        the same port again (a server restart: connects are refused meanwhile)."""
+        self.server.close()
+        for w in list(self.conns):
+            w.transport.abort()
+        await asyncio.sleep(down_s)
+        await self.__aenter__()
 
     async def __aexit__(self, *exc: object) -> None:
         self.server.close()
         await self.server.wait_closed()
 
     async def _conn(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        self.conns.add(w)
         try:
             while True:
                 h = await r.readuntil(b"\r\n\r\n")
@@ -126,6 +139,7 @@ class Fake:
         except (asyncio.IncompleteReadError, ConnectionError):
             self.cut = True
         finally:
+            self.conns.discard(w)
             w.close()
 
 
@@ -134,6 +148,7 @@ def in_thread(answer, models_delay: float = 0.0, metrics: bytes | None = None):
     """A Fake served by its own event loop in a thread (for a CLI run in a subprocess)."""
     loop = asyncio.new_event_loop()
     fake = loop.run_until_complete(Fake(answer, models_delay, metrics).__aenter__())
+    fake.loop = loop
     th = threading.Thread(target=loop.run_forever, daemon=True)
     th.start()
     try:

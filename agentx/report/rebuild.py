@@ -17,6 +17,7 @@ from ..errors import InputError
 from ..metrics import server_metrics as sm
 from ..metrics.goodput import goodput
 from ..metrics.gpu import gpu_rows, scrape_rows
+from ..metrics.outages import outages
 from ..metrics.prom import Snapshot
 from ..metrics.scraper import SERIES_KEYS
 from ..metrics.summary import summarize
@@ -173,6 +174,7 @@ def rebuild_summary(records: list[dict], metrics: list[dict], *, gpus: int | Non
     if slo:
         s["goodput"] = goodput(records, slo, s["throughput"]["window_s"])
     s["server_metrics"] = server
+    s["outages"] = outages(records)
     s["stop_reason"] = "killed"
     s["rebuilt"] = True
     s["config"] = {"trace": None, "conc": len({r["lane"] for r in records}), "gpus": gpus,

@@ -200,8 +200,9 @@ class RunDir:
         with contextlib.suppress(OSError):
             if abandon and not self.has_records():
                 for n in [*self.own_files(), self.MANIFEST]:
-                    with contextlib.suppress(FileNotFoundError):
-                        (self.path / n).unlink()
+                    for name in (n, f"{n}.tmp"):
+                        with contextlib.suppress(FileNotFoundError):
+                            (self.path / name).unlink()
             (self.path / self.LOCK).unlink()
             if abandon and self._made:
                 self.path.rmdir()  # only if empty: a user's file keeps it
@@ -327,9 +328,11 @@ def write_bytes(path: str | os.PathLike, data: bytes | Iterable[bytes]) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:  # a full disk, or a signal mid-write: no *.tmp left behind
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if not isinstance(e, OSError):
+            raise
         raise OutputError(str(path), e, kept="the previous file, if any, is unchanged") \
             from None
     return path

@@ -4,7 +4,7 @@ restarting) is not hammered.
 Without it each lane sent its next request the moment a connect failed: a 3 s server restart
 became 17,392 connect attempts (5.6k/s), 15.6 MB of records and a 98.9% error rate. A lane
 whose request could not connect waits BASE_S, then twice that after each further failure, at
-most MAX_S, with jitter (half to all of it, so lanes do not come back in lock-step), as the
+most MAX_S (2 s), with jitter (half to all of it, so lanes do not come back in lock-step), as the
 circuit breakers of kv-cache-tester and inference-perf do; the first request the server
 answers resets it. The waits are counted (summary.json `client.backoff_s`), and
 `metrics.outages` reports the outage itself as one event.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 
 BASE_S = 0.1  # the first wait after a connect failure
-MAX_S = 5.0  # the longest: a restarted server is found again within this
+MAX_S = 2.0  # the longest: a restarted server is found again within this
 
 
 class Backoff:

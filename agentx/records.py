@@ -137,8 +137,11 @@ _ADMITS = {
     "float | None": lambda v: v is None or _number(v),
     "list[int]": lambda v: type(v) is list and all(type(x) is int for x in v),
 }
+# token counts are record_problem's: one that is no count makes the record a bad_usage
+# failure, counted as such, not an invalid record
+_COUNTS = ("isl", "osl", "cached_tokens", "osl_counted")
 _FIELDS = [(f.name, _ADMITS[str(f.type)], f.default is MISSING and f.default_factory is MISSING)
-           for f in fields(RequestRecord)]
+           for f in fields(RequestRecord) if f.name not in _COUNTS]
 # durations that cannot be negative (dispatch lag can: a request sent before it was due)
 _DURATIONS = ("ttft_ms", "ttfc_ms", "e2e_ms", "tpot_ms")
 _TIMES = ("start_ns", "end_ns", "first_token_ns", "first_content_ns", "intended_send_ns")
@@ -149,7 +152,7 @@ def record_invalid(r: dict) -> str | None:
     could have written: a missing required field, a field of the wrong type, a negative time
     or duration, an end before the start, chunk lists of different lengths. None when it is
     one. Fields added by later versions may be missing (they take the dataclass defaults:
-    `with_defaults`). Impossible token counts are `record_problem`'s (a bad_usage failure)."""
+    `valid_records`). Token counts are `record_problem`'s (a bad_usage failure)."""
     for name, admits, required in _FIELDS:
         if name not in r:
             if required or name in ("start_ns", "end_ns", "ok"):

@@ -70,6 +70,24 @@ def remove_stop_signals(loop: asyncio.AbstractEventLoop) -> None:
     for sig in STOP_SIGNALS:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(sig)
+    if _term_interrupts:  # the loop put back SIG_DFL: SIGTERM interrupts again, as before it
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+_term_interrupts = False
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def term_interrupts() -> None:
+    """From now on SIGTERM interrupts this process as SIGINT does (KeyboardInterrupt where no
+    loop handles it, the run's drain where one does): a SIGTERM during start-up or after the
+    drain exits 130 with one line, not 143 in silence. Main thread only."""
+    global _term_interrupts
+    _term_interrupts = True
+    signal.signal(signal.SIGTERM, _interrupt)
 
 
 SPIN_S = 0.0003  # wake this early and yield-spin to the deadline (loop timers: 1 ms granularity)

@@ -72,6 +72,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if command_of(argv) == "run":  # SIGTERM as Ctrl-C: exit 130 (docs/reliability.md)
+        from .aio import term_interrupts
+
+        term_interrupts()
     try:
         args = parse(argv)
         if getattr(args, "config", None) or getattr(args, "print_config", False):

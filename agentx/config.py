@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, SecretStr, field_validator, model_validator
 
+from .errors import InputError
 from .golden import GoldenPin
 from .metrics.cost import CostOption
 from .metrics.goodput import slo_option
@@ -23,6 +24,15 @@ WORKLOAD, TARGET, SYNTH, OUTPUT = ("workload", "target", "prompt synthesis",
 # string to this validator instead of parsing it as JSON like other mappings
 SLO = Annotated[dict[str, float], BeforeValidator(slo_option)]
 
+KEY_CHARS = "must be printable ASCII without spaces (it is sent in an HTTP header)"
+MAX_WAIT_S = 30 * 86400.0  # the longest time limit accepted: beyond it, no limit is meant
+
+
+def header_safe(key: str) -> bool:
+    """An API key sendable as a header value: printable ASCII, no space (a non-latin-1 key
+    could not be encoded at all, a CR/LF would end the header)."""
+    return key.isascii() and key.isprintable() and " " not in key
+
 
 def _seconds_or_auto(v: object) -> object:
     """'auto' or seconds >= 0, one plain message for anything else (no union jargon)."""
@@ -32,8 +42,8 @@ def _seconds_or_auto(v: object) -> object:
         x = float(v)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise ValueError("must be seconds >= 0 or auto") from None
-    if not x >= 0:
-        raise ValueError("must be seconds >= 0 or auto")
+    if not 0 <= x <= MAX_WAIT_S:  # NaN and infinity too: they overflow the ns clocks
+        raise ValueError(f"must be seconds >= 0 (at most {MAX_WAIT_S:.0f}) or auto")
     return x
 
 
@@ -128,7 +138,7 @@ class RunConfig(PercentilesOption, CostOption):  # declared once, shared with sw
                            ge=0.0, le=1.0)
     drain_timeout_s: float = opt(30.0, "seconds in-flight requests may finish after the stop "
                                  "(then cancelled)", flag="drain_timeout", group=WORKLOAD,
-                                 ge=0.0)
+                                 ge=0.0, le=MAX_WAIT_S)
     workers: int | Literal["auto"] = opt(1, "client processes the lanes are split over, or "
                                          "'auto'", group=WORKLOAD)
     ray: str | None = opt(None, "place the worker processes as Ray actors across hosts: a "
@@ -140,7 +150,8 @@ class RunConfig(PercentilesOption, CostOption):  # declared once, shared with sw
     model: str | None = opt(None, "default: the first model at /v1/models", group=TARGET)
     api_key: SecretStr | None = opt(None, "default: $OPENAI_API_KEY (never recorded)",
                                     group=TARGET)
-    timeout_s: float = opt(600.0, "per-read timeout (s)", flag="timeout", group=TARGET, gt=0.0)
+    timeout_s: float = opt(600.0, "per-read timeout (s)", flag="timeout", group=TARGET, gt=0.0,
+                           le=MAX_WAIT_S)
     request_timeout_s: float = opt(
         3600.0, "seconds one request may take in all, connect to last byte, however steadily "
         "the server streams (--timeout bounds only the silence between reads): a server "
@@ -148,7 +159,7 @@ class RunConfig(PercentilesOption, CostOption):  # declared once, shared with sw
         "default hour is past any legitimate agentic request: 32k output tokens at 100 ms each "
         "on an overloaded server take 53 min. A request over it fails as `timeout`; a run ends "
         "within the bound in docs/reliability.md", flag="request_timeout", group=TARGET,
-        gt=0.0)
+        gt=0.0, le=MAX_WAIT_S)
     connect_timeout_s: float = opt(10.0, "seconds to connect, and the bound on each start-up "
                                    "probe (/v1/models, /tokenize, the first /metrics scrape): "
                                    "a server that accepts but never answers fails start-up "
@@ -241,6 +252,8 @@ class RunConfig(PercentilesOption, CostOption):  # declared once, shared with sw
 
     @model_validator(mode="after")
     def _consistent(self) -> "RunConfig":
+        if self.api_key is not None and not header_safe(self.api_key.get_secret_value()):
+            raise FieldError("api_key", KEY_CHARS)  # a validator's message would quote the key
         if self.start_min > self.start_max:
             raise FieldError("start_min", "must be <= start_max")
         if self.duration_s is None and self.max_requests is None:
@@ -298,7 +311,10 @@ class RunConfig(PercentilesOption, CostOption):  # declared once, shared with sw
         """The key to send: --api-key, else $OPENAI_API_KEY (read here, never stored)."""
         if self.api_key is not None:
             return self.api_key.get_secret_value()
-        return os.environ.get("OPENAI_API_KEY") or None
+        key = os.environ.get("OPENAI_API_KEY") or None
+        if key is not None and not header_safe(key):
+            raise InputError("environment", KEY_CHARS, field="$OPENAI_API_KEY")
+        return key
 
 
 def default_output_dir(cfg: RunConfig) -> Path:

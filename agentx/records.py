@@ -11,8 +11,9 @@ only base modules (errors, rundir; docs/architecture.md).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import IO
 
 import orjson
@@ -119,6 +120,76 @@ def record_problem(r: dict) -> str | None:
     return usage_problem(r.get("isl"), r.get("osl"), r.get("cached_tokens"),
                          r.get("osl_counted"), isl_i if is_count(isl_i) else 0,
                          osl_i if is_count(osl_i) else 0)
+
+
+def _number(v: object) -> bool:
+    return type(v) in (int, float) and math.isfinite(v)
+
+
+# what each field's declared type admits in a record read back from a file (JSON: an int may
+# stand for a float, never a bool for an int)
+_ADMITS = {
+    "str": lambda v: type(v) is str,
+    "str | None": lambda v: v is None or type(v) is str,
+    "int": lambda v: type(v) is int,
+    "int | None": lambda v: v is None or type(v) is int,
+    "bool": lambda v: type(v) is bool,
+    "float | None": lambda v: v is None or _number(v),
+    "list[int]": lambda v: type(v) is list and all(type(x) is int for x in v),
+}
+# token counts are record_problem's: one that is no count makes the record a bad_usage
+# failure, counted as such, not an invalid record
+_COUNTS = ("isl", "osl", "cached_tokens", "osl_counted")
+_FIELDS = [(f.name, _ADMITS[str(f.type)], f.default is MISSING and f.default_factory is MISSING)
+           for f in fields(RequestRecord) if f.name not in _COUNTS]
+# durations that cannot be negative (dispatch lag can: a request sent before it was due)
+_DURATIONS = ("ttft_ms", "ttfc_ms", "e2e_ms", "tpot_ms")
+_TIMES = ("start_ns", "end_ns", "first_token_ns", "first_content_ns", "intended_send_ns")
+
+
+def record_invalid(r: dict) -> str | None:
+    """Why a record read from a file (hand-edited, or cut by a crash) is no record the run
+    could have written: a missing required field, a field of the wrong type, a negative time
+    or duration, an end before the start, chunk lists of different lengths. None when it is
+    one. Fields added by later versions may be missing (they take the dataclass defaults:
+    `valid_records`). Token counts are `record_problem`'s (a bad_usage failure)."""
+    for name, admits, required in _FIELDS:
+        if name not in r:
+            if required or name in ("start_ns", "end_ns", "ok"):
+                return f"field {name!r} missing"
+            continue
+        if not admits(r[name]):
+            return f"field {name!r} is {repr(r[name])[:40]}"
+    for name in _TIMES:
+        if r.get(name, 0) < 0:
+            return f"field {name!r} is negative"
+    for name in _DURATIONS:
+        if (r.get(name) or 0) < 0:
+            return f"field {name!r} is negative"
+    if r["end_ns"] < r["start_ns"]:
+        return "field 'end_ns' is before start_ns"
+    if len(r.get("chunk_offsets_ns") or ()) != len(r.get("chunk_tokens") or ()):
+        return "fields 'chunk_offsets_ns' and 'chunk_tokens' differ in length"
+    return None
+
+
+def valid_records(rows: list[dict]) -> tuple[list[dict], int, str]:
+    """The records of `rows` that `record_invalid` passes, with the defaults of fields an
+    older version did not write; how many were skipped, and why the first was."""
+    good: list[dict] = []
+    first = ""
+    for i, r in enumerate(rows, 1):
+        why = record_invalid(r)
+        if why is None:
+            good.append({**_DEFAULTS, **r} if len(r) < len(_DEFAULTS) else r)
+        elif not first:
+            first = f"record {i}: {why}"
+    return good, len(rows) - len(good), first
+
+
+_DEFAULTS = {f.name: (f.default if f.default is not MISSING else f.default_factory())
+             for f in fields(RequestRecord)
+             if f.default is not MISSING or f.default_factory is not MISSING}
 
 
 class RecordWriter:

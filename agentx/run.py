@@ -30,6 +30,7 @@ from .metrics.concurrency import concurrency_block
 from .metrics.cost import cost_block
 from .metrics.goodput import goodput
 from .metrics.gpu import energy_block
+from .metrics.outages import outages
 from .metrics.server_metrics import kv_pool
 from .metrics.summary import dist, summarize
 from .metrics.tiers import resolve as resolve_tier
@@ -62,10 +63,21 @@ def run(cfg: RunConfig, target: Target | Server | None = None,
             raise InputError("command line", "no server to measure: give --base-url",
                              field="--base-url")
         target = UrlServer(cfg.base_url)
-    if isinstance(target, Target):
-        return aio.run(run_async(cfg, target, ready=ready))
-    with target as t:
-        return aio.run(run_async(cfg, t, ready=ready))
+    # the directory is this run's from here to its end (rundir.RunDir.claim): a second run
+    # into it refuses, `agentx report` leaves it alone; a start that fails or is interrupted
+    # before any record leaves no folder
+    rd = RunDir(cfg.output_dir).claim(cfg.overwrite)
+    ended = False
+    try:
+        if isinstance(target, Target):
+            summary = aio.run(run_async(cfg, target, ready=ready))
+        else:
+            with target as t:
+                summary = aio.run(run_async(cfg, t, ready=ready))
+        ended = True
+        return summary
+    finally:
+        rd.release(abandon=not ended)
 
 
 async def run_async(cfg: RunConfig, target: Target,
@@ -75,7 +87,6 @@ async def run_async(cfg: RunConfig, target: Target,
     if cfg.arrival_mode() == "trace":
         trace_times(traces)  # a trace without session start times fails here
     out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
-    RunDir(out).check(cfg.overwrite)
     run_salt = secrets.token_hex(8)
     run_ns = f"seed{cfg.seed}" if cfg.warm_cache else run_salt
     # one Authorization on every request: --api-key (Bearer), else the URL's user:password
@@ -101,7 +112,7 @@ async def run_async(cfg: RunConfig, target: Target,
         version = await server_version(session, base_url, cfg.connect_timeout_s)
         tm, token_info = await _token_model(cfg, session, base_url, ccfg.model,
                                             target.builtin_tokens)
-    rd = RunDir(out).create(cfg.overwrite)  # only now: a failed start leaves no empty dir
+    rd = RunDir(out)  # claimed by run()
     t_wall0 = time.time()
     config = cfg.public()
     if target.options is not None:  # a simulator started for the run: its options, to rerun
@@ -387,7 +398,9 @@ def _summary(cfg: RunConfig, results: list[DriveResult], n_workers: int, records
         "runqueue_wait_ms_per_s": max((x.runqueue_wait_ms_per_s or 0.0) for x in results),
         "max_in_flight": max_overlap([(r["start_ns"], r["end_ns"]) for r in records]),
         "max_sessions_active": sum(x.max_sessions_active for x in results),
+        "backoff_s": round(sum(x.backoff_s for x in results), 3),  # after connect failures
     })
+    s["outages"] = outages(records)  # each one event, not its connect failures one by one
     s["server_metrics"] = server_metrics
     s["cache"].update(tier or {})
     if s["cache"]["kv_pool_tokens"]:

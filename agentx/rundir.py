@@ -2,7 +2,11 @@
 the merge of per-worker record files, and reading its JSON-lines files strictly or leniently.
 
 Rules: it never mixes two runs, is never left behind empty by a failed start, never loses a
-user's file to --overwrite and never holds half a result file. Every file agentx writes into a
+user's file to --overwrite and never holds half a result file. A run claims its directory
+with an exclusive lock (`.agentx-lock`, flock(2), held until the run ends and dropped by the
+kernel when its process dies): creating, checking and clearing the directory happen under
+it, so of two runs started together into one directory the second refuses, and `agentx
+report` knows a live run from a killed one. Every file agentx writes into a
 run directory is named in its manifest, `.agentx-files` (one name a line, written when the
 directory is created, extended as worker files and plots are written); `--overwrite` removes
 exactly the files the previous run's manifest names. A directory from before manifests existed
@@ -13,6 +17,7 @@ replay) takes the names from here, so the formats cannot drift apart."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import time
@@ -24,6 +29,7 @@ import orjson
 from .errors import InputError, OutputError
 
 FLAG = "--output-dir"
+_CANCELLED = b'"error":"cancelled"'  # as a record's JSON line says it (orjson, no spaces)
 RESULTS = Path("results")  # where a command's default output directory goes
 _JSON = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
 
@@ -49,6 +55,7 @@ class RunDir:
     METRICS = "metrics.jsonl"  # the server's /metrics series, one scrape a line
     SUMMARY = "summary.json"  # written at the end (or rebuilt by `agentx report`)
     MANIFEST = ".agentx-files"
+    LOCK = ".agentx-lock"  # held (flock) by the live run that owns the directory
     LATENCY_CDF, SERVER_TIMESERIES = "latency_cdf.png", "server_timeseries.png"  # report plots
     GPU_POWER = "gpu_power.png"  # report plot of the NVML samples (metrics/gpu.py)
     # per-session rows, per-turn bins and their plot (metrics/sessions.py, report/sessions.py)
@@ -62,6 +69,8 @@ class RunDir:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
+        self._lock: int | None = None  # the claim's lock file descriptor
+        self._made = False  # the claim created the directory
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -109,7 +118,10 @@ class RunDir:
         if out.exists():
             if not out.is_dir():
                 raise InputError(str(out), "exists and is not a directory", field=FLAG)
-            if any(out.iterdir()) and not overwrite:
+            if (owner := self.live_owner()) is not None:
+                raise InputError(str(out), f"another agentx run ({owner}) is writing to it "
+                                 "(use another --output-dir)", field=FLAG)
+            if not overwrite and self.abandoned_files() is None:
                 raise InputError(str(out), "is not empty: a run's files would mix with "
                                  "another's (use --overwrite, or another --output-dir)",
                                  field=FLAG)
@@ -123,21 +135,115 @@ class RunDir:
             raise InputError(str(out), f"cannot be created ({parent} is not a writable "
                              "directory)", field=FLAG)
 
-    def create(self, overwrite: bool) -> RunDir:
-        """Create it (once start-up has succeeded), clear a previous run's files (its
-        manifest's, nothing else) and start this run's manifest."""
+    def claim(self, overwrite: bool) -> RunDir:
+        """Create it (once start-up has succeeded) and take it for this run, atomically: the
+        lock first, then, under it, the check that it holds no other run's files (or, with
+        overwrite, the removal of the previous run's: its manifest's, nothing else), then
+        this run's manifest. A second run claiming it meanwhile finds the lock taken and
+        refuses; `release()` (the run's end, or its process dying) lets it go. What a run
+        killed during its start-up left (its own files, not one record) is cleared."""
         try:
+            self._made = not self.path.is_dir()
             self.path.mkdir(parents=True, exist_ok=True)
-            if overwrite:
-                for f in self.previous_files():
-                    f.unlink()
-                with contextlib.suppress(FileNotFoundError):
-                    (self.path / self.MANIFEST).unlink()
+            fd = os.open(self.path / self.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            raise InputError(str(self.path), f"cannot be created or cleared "
-                             f"({e.strerror or e})", field=FLAG) from None
-        self.register(*self.FILES)
+            raise InputError(str(self.path), f"cannot be created ({e.strerror or e})",
+                             field=FLAG) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise InputError(str(self.path), f"another agentx run ({self._owner()}) is "
+                             "writing to it (use another --output-dir)", field=FLAG) from None
+        self._lock = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            if overwrite:
+                doomed = self.previous_files()
+            else:
+                doomed = self.abandoned_files()
+                if doomed is None:
+                    raise InputError(str(self.path), "is not empty: a run's files would mix "
+                                     "with another's (use --overwrite, or another "
+                                     "--output-dir)", field=FLAG)
+            for f in doomed:
+                f.unlink()
+            with contextlib.suppress(FileNotFoundError):
+                (self.path / self.MANIFEST).unlink()
+            self.register(*self.FILES)
+        except BaseException as e:
+            self.release(abandon=True)
+            if isinstance(e, OSError):
+                raise InputError(str(self.path), f"cannot be created or cleared "
+                                 f"({e.strerror or e})", field=FLAG) from None
+            raise
         return self
+
+    def abandoned_files(self) -> list[Path] | None:
+        """What a new run may clear without --overwrite: nothing in an empty directory; the
+        files of a run killed during its start-up (only files its manifest names, and not
+        one record: no summary, no non-empty record file); None for anything else."""
+        names = {p.name for p in self.path.iterdir()} - {self.LOCK}
+        if not names:
+            return []
+        own = {*self.own_files(), self.MANIFEST}
+        own |= {f"{n}.tmp" for n in own}  # a write_bytes the kill cut short
+        if not names <= own or self.has_records():
+            return None
+        return [self.path / n for n in names if n != self.MANIFEST]
+
+    def release(self, abandon: bool = False) -> None:
+        """Let the directory go (the run has ended). With abandon (a start-up that failed or
+        was interrupted): when not one record was written, remove this run's files, and the
+        directory when the claim made it and nothing else is left in it."""
+        if self._lock is None:
+            return
+        with contextlib.suppress(OSError):
+            if abandon and not self.has_records():
+                for n in [*self.own_files(), self.MANIFEST]:
+                    for name in (n, f"{n}.tmp"):
+                        with contextlib.suppress(FileNotFoundError):
+                            (self.path / name).unlink()
+            (self.path / self.LOCK).unlink()
+            if abandon and self._made:
+                self.path.rmdir()  # only if empty: a user's file keeps it
+        os.close(self._lock)
+        self._lock = None
+
+    def has_records(self) -> bool:
+        """A summary, or a record of a request that was not cancelled: what a run killed
+        during its start-up leaves (run.json, a manifest, the `cancelled` records of the
+        requests its orphaned workers dropped) measured nothing and may be cleared."""
+        if self.summary.exists():
+            return True
+        for f in [self.requests, *self.worker_files()]:
+            with contextlib.suppress(FileNotFoundError), open(f, "rb") as lines:
+                if any(ln.strip() and _CANCELLED not in ln for ln in lines):
+                    return True
+        return False
+
+    def live_owner(self) -> str | None:
+        """Who holds the directory's lock ("pid N"), when a live run does; None when no run
+        is in progress here (no lock file, or one a killed run left unlocked)."""
+        try:
+            fd = os.open(self.path / self.LOCK, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return self._owner()
+        finally:
+            os.close(fd)
+        return None
+
+    def _owner(self) -> str:
+        try:
+            pid = (self.path / self.LOCK).read_text().strip()
+        except OSError:
+            pid = ""
+        return f"pid {pid}" if pid.isdigit() else "pid unknown"
 
     def own_files(self) -> list[str]:
         """The files agentx wrote here, as the manifest names them (plain names only)."""
@@ -146,7 +252,8 @@ class RunDir:
         except OSError:
             return []
         return [n for n in dict.fromkeys(text.splitlines())
-                if n and n not in (".", "..", self.MANIFEST) and "/" not in n and "\\" not in n]
+                if n and n not in (".", "..", self.MANIFEST, self.LOCK) and "/" not in n
+                and "\\" not in n]
 
     def register(self, *names: str) -> None:
         """Add file names to the manifest (files agentx writes here; --overwrite's list)."""
@@ -164,8 +271,8 @@ class RunDir:
             names = self.own_files()
         else:
             names = [*self.LEGACY, *(f.name for f in self.worker_files())]
-        return [self.path / n for n in names
-                if (self.path / n).is_file() or (self.path / n).is_symlink()]
+        return [self.path / n for n in names if n != self.LOCK
+                and ((self.path / n).is_file() or (self.path / n).is_symlink())]
 
     # -- the run's files ---------------------------------------------------------------------
     def write_run_json(self, meta: dict) -> Path:
@@ -223,9 +330,11 @@ def write_bytes(path: str | os.PathLike, data: bytes | Iterable[bytes]) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:  # a full disk, or a signal mid-write: no *.tmp left behind
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if not isinstance(e, OSError):
+            raise
         raise OutputError(str(path), e, kept="the previous file, if any, is unchanged") \
             from None
     return path
@@ -246,6 +355,8 @@ def read_jsonl(path: str | os.PathLike, strict: bool = False) -> tuple[list[dict
         if strict:
             raise InputError(os.fspath(path), "does not exist") from None
         return rows, bad
+    except OSError as e:  # e.g. its directory replaced by a file while the run went on
+        raise InputError(os.fspath(path), f"cannot be read ({e.strerror or e})") from None
     with f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -266,6 +377,11 @@ def read_jsonl(path: str | os.PathLike, strict: bool = False) -> tuple[list[dict
 
 
 # -- the worker merge ------------------------------------------------------------------------
+def _start(r: dict, key: str = "start_ns") -> int:
+    v = r.get(key)
+    return v if type(v) is int else 0
+
+
 def merge_record_files(parts: Sequence[str | os.PathLike], dest: str | os.PathLike,
                        warm_until_ns: int | None = None) -> tuple[int, int]:
     """Merge record files (worker files; `dest` may be one of them) into `dest`, ordered by
@@ -282,10 +398,10 @@ def merge_record_files(parts: Sequence[str | os.PathLike], dest: str | os.PathLi
         bad += b
         for r in got:
             rows.setdefault(r.get("request_id") or f"{os.fspath(part)}:{len(rows)}", r)
-    ordered = sorted(rows.values(), key=lambda r: r.get("start_ns") or 0)
+    ordered = sorted(rows.values(), key=_start)  # a hand-edited start sorts first, not raises
     if warm_until_ns:
         for r in ordered:
-            if not r.get("warmup") and r["intended_send_ns"] < warm_until_ns:
+            if not r.get("warmup") and _start(r, "intended_send_ns") < warm_until_ns:
                 r["warmup"] = True
     try:
         write_bytes(dest, (orjson.dumps(r) + b"\n" for r in ordered))

@@ -76,22 +76,38 @@ class Fake:
     GET /v1/models lists one model, anything else is a 404. `sent` counts what it wrote,
     `cut` says a client closed the connection while it was still writing."""
 
-    def __init__(self, answer) -> None:
+    def __init__(self, answer, models_delay: float = 0.0, metrics: bytes | None = None) -> None:
         self.answer = answer
+        self.models_delay = models_delay  # seconds before /v1/models answers (a slow start)
+        self.metrics = metrics  # GET /metrics's page (None: a 404)
+        self.scrapes = 0
+        self.port = 0
+        self.conns: set[asyncio.StreamWriter] = set()
         self.requests = 0
         self.sent = 0
         self.cut = False
 
     async def __aenter__(self) -> "Fake":
-        self.server = await asyncio.start_server(self._conn, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        self.server = await asyncio.start_server(self._conn, "127.0.0.1", self.port)
+        self.port = self.server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
         return self
+
+    async def restart(self, down_s: float) -> None:
+        """Stop listening and drop every connection for `down_s` seconds, then listen on
+        the same port again (a server restart: connects are refused meanwhile)."""
+        self.server.close()
+        for w in list(self.conns):
+            w.transport.abort()
+        await asyncio.sleep(down_s)
+        await self.__aenter__()
 
     async def __aexit__(self, *exc: object) -> None:
         self.server.close()
         await self.server.wait_closed()
 
     async def _conn(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        self.conns.add(w)
         try:
             while True:
                 h = await r.readuntil(b"\r\n\r\n")
@@ -99,7 +115,15 @@ class Fake:
                           if x.lower().startswith(b"content-length:")), 0)
                 await r.readexactly(n)
                 if h.startswith(b"GET /v1/models"):
+                    await asyncio.sleep(self.models_delay)
                     w.write(head(ctype="application/json", length=len(MODELS)) + MODELS)
+                    continue
+                if h.startswith(b"GET /metrics") and self.metrics is not None:
+                    self.scrapes += 1
+                    w.write(head(ctype="text/plain", length=len(self.metrics)))
+                    for i in range(0, len(self.metrics), 1 << 20):
+                        w.write(self.metrics[i:i + (1 << 20)])
+                        await w.drain()
                     continue
                 if not h.startswith(b"POST /v1/chat/completions"):
                     w.write(head("404 Not Found", "text/plain", 0))
@@ -115,14 +139,16 @@ class Fake:
         except (asyncio.IncompleteReadError, ConnectionError):
             self.cut = True
         finally:
+            self.conns.discard(w)
             w.close()
 
 
 @contextlib.contextmanager
-def in_thread(answer):
+def in_thread(answer, models_delay: float = 0.0, metrics: bytes | None = None):
     """A Fake served by its own event loop in a thread (for a CLI run in a subprocess)."""
     loop = asyncio.new_event_loop()
-    fake = loop.run_until_complete(Fake(answer).__aenter__())
+    fake = loop.run_until_complete(Fake(answer, models_delay, metrics).__aenter__())
+    fake.loop = loop
     th = threading.Thread(target=loop.run_forever, daemon=True)
     th.start()
     try:

@@ -37,14 +37,22 @@ def test_default_dir_names_the_command_time_and_parts():
 def test_output_dir_never_mixes_runs(tmp_path):
     rd = RunDir(tmp_path / "run")
     rd.check(False)
-    assert not rd.path.exists()  # nothing is created before start-up succeeds
-    rd.create(False)
+    assert not rd.path.exists()  # nothing is created by the check
+    rd.claim(False)
+    with pytest.raises(InputError, match="another agentx run"):  # held: a second run refuses
+        RunDir(rd.path).claim(True)
+    with pytest.raises(InputError, match="another agentx run"):
+        RunDir(rd.path).check(True)
     rd.summary.write_text("{}")
     (rd / "notes.txt").write_text("mine")
+    rd.release()
     with pytest.raises(InputError, match="not empty"):
         rd.check(False)
+    with pytest.raises(InputError, match="not empty"):
+        RunDir(rd.path).claim(False)
     rd.check(True)
-    rd.create(True)
+    rd.claim(True)
+    rd.release()
     assert not rd.summary.exists() and (rd / "notes.txt").exists()
     with pytest.raises(InputError, match="not a directory"):
         RunDir(rd / "notes.txt").check(False)
@@ -53,14 +61,16 @@ def test_output_dir_never_mixes_runs(tmp_path):
 
 
 def test_overwrite_removes_the_manifests_files_only(tmp_path):
-    rd = RunDir(tmp_path / "out").create(False)
+    rd = RunDir(tmp_path / "out").claim(False)
+    rd.release()
     rd.worker(0).write_text("x")
     rd.register(rd.worker(0).name, RunDir.LATENCY_CDF, "../outside", "sub/x")
     for name in (RunDir.LATENCY_CDF, "diagram.png", "summary.json.bak"):
         (rd / name).write_text("x")
     (tmp_path / "outside").write_text("never touched")
     assert rd.own_files() == [*RunDir.FILES, "requests.w0.jsonl", "latency_cdf.png"]
-    rd.create(True)
+    rd.claim(True)
+    rd.release()
     assert sorted(f.name for f in rd.path.iterdir()) == [".agentx-files", "diagram.png",
                                                          "summary.json.bak"]
     assert (tmp_path / "outside").exists() and rd.own_files() == list(RunDir.FILES)
@@ -72,7 +82,8 @@ def test_overwrite_without_a_manifest_removes_fixed_names_only(tmp_path):
     for name in ("summary.json", "requests.w0.jsonl", "server_timeseries.png", "diagram.png",
                  "requests.w0.jsonl.bak", "my-summary.json"):
         (rd / name).write_text("x")
-    rd.create(True)
+    rd.claim(True)
+    rd.release()
     assert sorted(f.name for f in rd.path.iterdir()) == [".agentx-files", "diagram.png",
                                                          "my-summary.json", "requests.w0.jsonl.bak"]
     rd.register("latency_cdf.png", "run.json")

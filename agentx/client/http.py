@@ -137,7 +137,7 @@ async def stream_request(session: HTTPClient, url: str, body: bytes | Sequence[b
     the generated text when keep_text (live history). `body` is released once the response
     has begun (see RequestBody)."""
     facts = StreamFacts(start_wall_ns=time.time_ns())
-    dec = StreamDecoder(facts, keep_text)
+    dec = StreamDecoder(facts, keep_text, rec.osl_intended)
     req = RequestBody(body)
     del body
     try:

@@ -15,6 +15,8 @@ from .sse import StreamAbort, StreamDecoder
 MAX_HEAD = 64 * 1024  # one response head
 MAX_HEADS = 1 << 20  # all the heads of one response, interim (1xx) ones included
 MAX_ERROR_BODY = 64 * 1024  # a non-200 (or non-SSE) body kept; beyond it the connection is closed
+MAX_CHUNK_LINE = 4096  # a chunk-size line (the size in hex and any extensions) and its CRLF
+MAX_TRAILER = 64 * 1024  # the trailer after the last chunk, and any bytes after `data: [DONE]`
 
 
 class HTTPError(Exception):
@@ -54,7 +56,7 @@ class Response:
 
     __slots__ = ("decoder", "done", "state", "buf", "status", "remaining", "keep_alive",
                  "err_body", "err_len", "sse", "head_len", "got_bytes", "last_rx", "body",
-                 "retry_after")
+                 "retry_after", "after_done")
 
     def __init__(self, decoder: StreamDecoder, done: asyncio.Future, body: RequestBody) -> None:
         self.body = body
@@ -72,12 +74,19 @@ class Response:
         self.got_bytes = False
         self.last_rx = 0
         self.retry_after: bytes | None = None  # a 429's or 503's Retry-After header
+        self.after_done = 0  # bytes that came after the stream's `data: [DONE]`
 
     def feed(self, data: bytes, t: int) -> None:
         if not self.got_bytes:
             self.got_bytes = True
             self.body.parts = None  # no resend from here on: let the body go
         self.last_rx = t
+        if self.sse and self.decoder.seen_done and self.state != _DONE:
+            self.after_done += len(data)  # the answer is complete: only framing is left
+            if self.after_done > MAX_TRAILER:
+                self._framing(f"more than {MAX_TRAILER} bytes after data: [DONE] without the "
+                              "response's end")
+                return
         try:
             if self.state == _HEAD:
                 data = self._heads(data)
@@ -171,13 +180,17 @@ class Response:
         while pos < n:
             st = self.state
             if st == _CHUNK_SIZE:
-                j = buf.find(b"\r\n", pos)
+                j = buf.find(b"\r\n", pos, pos + MAX_CHUNK_LINE)
                 if j < 0:
+                    if n - pos >= MAX_CHUNK_LINE:
+                        self._framing(f"chunk-size line beyond {MAX_CHUNK_LINE} bytes without "
+                                      "CRLF")
+                        return
                     break
                 try:
                     size = int(buf[pos:j].split(b";", 1)[0], 16)
                 except ValueError:
-                    self._fail(HTTPError("client_error", "bad chunk size"))
+                    self._framing("bad chunk size")
                     return
                 pos = j + 2
                 if not size:
@@ -207,14 +220,20 @@ class Response:
             elif st == _CHUNK_CRLF:
                 if n - pos < 2:
                     break
+                if buf[pos:pos + 2] != b"\r\n":
+                    self._framing("chunk data not followed by CRLF")
+                    return
                 pos += 2
                 self.state = _CHUNK_SIZE
             elif st == _TRAILER:
                 if buf.startswith(b"\r\n", pos):
                     pos += 2
                 else:
-                    j = buf.find(b"\r\n\r\n", pos)
+                    j = buf.find(b"\r\n\r\n", pos, pos + MAX_TRAILER)
                     if j < 0:
+                        if n - pos >= MAX_TRAILER:
+                            self._framing(f"trailer beyond {MAX_TRAILER} bytes")
+                            return
                         break
                     pos = j + 4
                 self.state = _DONE
@@ -265,6 +284,16 @@ class Response:
             f.error_detail = f"{f.error_detail}: " + b"".join(self.err_body)[:200].decode(
                 "utf-8", "replace")
         self.done.set_result(None)
+
+    def _framing(self, detail: str) -> None:
+        """Broken or endless HTTP framing: a stream already complete (`data: [DONE]` read) is
+        kept and its connection closed; anything else fails as `client_error`."""
+        if self.sse and self.decoder.seen_done:
+            self.keep_alive = False
+            self.state = _DONE
+            self._finish()
+        else:
+            self._fail(HTTPError("client_error", f"bad chunk framing: {detail}"))
 
     def _fail(self, exc: BaseException) -> None:
         self.keep_alive = False

@@ -19,12 +19,15 @@ nothing after `data: [DONE]` is read.
 """
 from __future__ import annotations
 
+import re
+
 import orjson
 
-from ..records import MAX_COUNT, is_count
+from ..records import MAX_COUNT, OSL_ALLOWANCE, is_count
 from .facts import StreamFacts
 
 DONE = b"[DONE]"
+TEMPLATE_TRIES = 4  # chunks of a stream that may set its template (each costs a second parse)
 MAX_EVENT = 16 << 20  # bytes one SSE event may hold (the largest vLLM chunk is a few KiB)
 _loads = orjson.loads
 _JSONError = orjson.JSONDecodeError
@@ -58,13 +61,15 @@ class StreamDecoder:
     """One response stream -> `facts` (chunk offsets and tokens, first chunk, usage...).
 
     `t0` is the request's start (monotonic ns); `feed(data, t)` takes body bytes and their
-    arrival time. vLLM's plain token chunks are recognised by byte search (no JSON parse,
-    the payload slice is the only allocation); every other event is parsed once."""
+    arrival time. Every event is parsed once, except vLLM's plain token chunks once one of
+    them has been parsed and its shape verified (_Template): the stream's next ones are
+    matched against its bytes, which believes exactly what the parse would (no JSON parse)."""
 
     __slots__ = ("facts", "t0", "seen_done", "text_parts", "_pend", "_pend_n", "_cr",
-                 "_prev_usage", "_offsets", "_tokens", "_usage")
+                 "_prev_usage", "_offsets", "_tokens", "_usage", "_tmpl", "_tries", "_counted",
+                 "_limit", "_max_tokens")
 
-    def __init__(self, facts: StreamFacts, keep_text: bool = False) -> None:
+    def __init__(self, facts: StreamFacts, keep_text: bool = False, max_tokens: int = 0) -> None:
         self.facts = facts
         self.t0 = 0
         self.seen_done = False
@@ -76,6 +81,13 @@ class StreamDecoder:
         self._usage: dict | None = None
         self._offsets = facts.chunk_offsets_ns
         self._tokens = facts.chunk_tokens
+        self._tmpl: _Template | None = None  # the verified shape of this stream's chunks
+        self._tries = TEMPLATE_TRIES
+        # a server that goes on past max_tokens + OSL_ALLOWANCE is not read on (bad_usage):
+        # it would hold the lane to the request timeout and grow the record without bound
+        self._max_tokens = max_tokens
+        self._limit = max_tokens + OSL_ALLOWANCE if max_tokens > 0 else MAX_COUNT
+        self._counted = 0
 
     def feed(self, data: bytes, t: int) -> None:
         if self.seen_done:
@@ -143,6 +155,11 @@ class StreamDecoder:
         self._pend_n = 0
         return data
 
+    def _runaway(self) -> None:
+        raise StreamAbort("bad_usage", f"usage: counted tokens {self._counted} > max_tokens "
+                          f"{self._max_tokens} + {OSL_ALLOWANCE}: the server went on past "
+                          "the limit; stopped reading there")
+
     def _error(self, kind: str, detail: str) -> None:
         """The request fails with `kind` (the first fault found is the one reported)."""
         f = self.facts
@@ -160,15 +177,17 @@ class StreamDecoder:
         if payload == DONE:
             self.seen_done = True
             return
-        if self.text_parts is None:
-            k = _fast_content_tokens(payload)
-            if k >= 0:  # a plain content chunk: no JSON parse needed
+        tmpl = self._tmpl
+        if tmpl is not None:
+            k = tmpl.match(payload)
+            if k >= 0:  # a plain content chunk of the verified shape: no JSON parse needed
                 n = k - self._prev_usage
                 if n < 0 or k >= MAX_COUNT:
                     self._bad_count("usage.completion_tokens", k)
                     return
                 f = self.facts
                 self._prev_usage = k
+                self._usage = tmpl.usage  # as the JSON path keeps it (same prompt tokens)
                 f.last_chunk_ns = t
                 if not f.first_chunk_ns:
                     f.first_chunk_ns = t
@@ -176,6 +195,9 @@ class StreamDecoder:
                     f.first_content_ns = t
                 self._offsets.append(t - self.t0)
                 self._tokens.append(n)
+                self._counted += n
+                if self._counted > self._limit:
+                    self._runaway()
                 return
         try:
             ev = _loads(payload)
@@ -189,6 +211,11 @@ class StreamDecoder:
         except _SHAPE as exc:  # JSON, but not a chunk: a list for `choices`, a number for text
             self._error("malformed", f"unexpected event shape ({type(exc).__name__}: {exc}): "
                         + payload[:200].decode("utf-8", "replace"))
+            return
+        if self._tries and self.text_parts is None and self.facts.error is None \
+                and _FAST_HEAD in payload:  # the next chunks of this shape skip the parse
+            self._tries -= 1
+            self._tmpl = _Template.of(payload, ev) or tmpl
 
     def _json_event(self, ev: dict, t: int) -> None:
         f = self.facts
@@ -247,6 +274,9 @@ class StreamDecoder:
             self._tokens.append(k)
             if content and self.text_parts is not None:
                 self.text_parts.append(content)
+            self._counted += k
+            if self._counted > self._limit:
+                self._runaway()
         fr = ch.get("finish_reason")
         if fr:
             f.finish_reason = fr if type(fr) is str else str(fr)[:40]
@@ -286,38 +316,87 @@ class StreamDecoder:
 
 _FAST_HEAD = b'"choices":[{"index":0,"delta":{"content":"'
 _FAST_TAIL = b'"},"logprobs":null,"finish_reason":null'
-_FAST_CT = b'"completion_tokens":'
-_HEAD_LEN, _CT_LEN = len(_FAST_HEAD), len(_FAST_CT)
+_TOTAL, _CT = b'"total_tokens":', b'"completion_tokens":'
+# a JSON string's inside as orjson reads it, less \\u escapes (surrogates: the JSON path
+# decides), one character at least; and a JSON integer without sign or leading zero
+_STRING = rb'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt])+'
+_INT = rb'(?:0|[1-9][0-9]{0,9})'
 
 
-def _fast_content_tokens(p: bytes) -> int:
-    """The cumulative completion_tokens of a chunk whose only choice delta is non-empty
-    `content` with no finish_reason and continuous usage (vLLM's token chunk), found by
-    byte search; -1 for anything else, which then takes the JSON path. Inside a JSON string
-    every quote is escaped, so the tail pattern can only match where the content ends."""
-    i = p.find(_FAST_HEAD)
-    if i < 0:
-        return -1
-    a = i + _HEAD_LEN
-    if p[a:a + 1] == b'"':  # empty content (vLLM's role chunk): the JSON path decides
-        return -1
-    j = p.find(_FAST_TAIL, a)
-    if j < 0:
-        return -1
-    b = j
-    while p[b - 1] == 92:  # backslashes before the quote: an odd count escapes it
-        b -= 1
-    if (j - b) & 1:
-        return -1
-    c = p.find(_FAST_CT, j)
-    if c < 0:
-        return -1
-    c += _CT_LEN
-    e = c
-    n = len(p)
+class _Template:
+    """The bytes of one verified vLLM token chunk, cut around its three variable parts: the
+    content string and the total_tokens and completion_tokens integers. A later chunk that
+    is these exact bytes with other well-formed values in those places parses, as JSON, to
+    the verified chunk with those values (a string token for a string token, an integer
+    for an integer): so the byte match believes exactly what the JSON path would."""
+
+    __slots__ = ("head", "mid", "ct", "tail", "usage", "_rest")
+
+    def __init__(self, head: bytes, mid: bytes, ct: bytes, tail: bytes, usage: dict) -> None:
+        self.head, self.mid, self.ct, self.tail, self.usage = head, mid, ct, tail, usage
+        self._rest = re.compile(_STRING + re.escape(mid) + _INT + re.escape(ct) + b"(" + _INT
+                                + b")" + re.escape(tail))
+
+    def match(self, p: bytes) -> int:
+        """The chunk's completion_tokens when `p` is this template with valid values in its
+        slots, else -1 (the JSON path decides)."""
+        if not p.startswith(self.head):
+            return -1
+        m = self._rest.fullmatch(p, len(self.head))
+        if m is None or not p.isascii() and not _utf8(p):
+            return -1
+        return int(m.group(1))
+
+    @classmethod
+    def of(cls, p: bytes, ev: dict) -> "_Template | None":
+        """The template of chunk `p`, already parsed as `ev`, when it is a plain vLLM token
+        chunk whose slots the byte search finds where the parse found them; else None."""
+        a = p.find(_FAST_HEAD)
+        if a < 0:
+            return None
+        a += len(_FAST_HEAD)
+        j = p.find(_FAST_TAIL, a)
+        t = p.find(_TOTAL, j) if j > a else -1
+        c = p.find(_CT, t) if t > 0 else -1
+        if c < 0:
+            return None
+        t += len(_TOTAL)
+        c += len(_CT)
+        te, ce = _digits(p, t), _digits(p, c)
+        if te < 0 or ce < 0:
+            return None
+        tmpl = cls(p[:a], p[j:t], p[te:c], p[ce:], ev.get("usage"))
+        probe = tmpl.head + b"Q" + tmpl.mid + b"8" + tmpl.ct + b"7" + tmpl.tail
+        try:  # the slots are where the JSON is: the probe parses to the chunk, slots changed
+            want = orjson.loads(probe)
+            ch = ev["choices"][0]
+            ok = (type(ev["usage"]) is dict and type(ch.get("delta")) is dict
+                  and len(ch["delta"]) == 1 and ch.get("finish_reason") is None
+                  and want == {**ev, "choices": [{**ch, "delta": {"content": "Q"}},
+                                                 *ev["choices"][1:]],
+                               "usage": {**ev["usage"], "total_tokens": 8,
+                                         "completion_tokens": 7}})
+        except (_JSONError, *_SHAPE):
+            return None
+        return tmpl if ok and tmpl.match(p) >= 0 else None
+
+
+def _utf8(p: bytes) -> bool:
+    try:
+        p.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _digits(p: bytes, i: int) -> int:
+    """End of the JSON integer at p[i:] (no sign, no leading zero, at most 10 digits), or -1."""
+    e, n = i, min(len(p), i + 11)
     while e < n and 48 <= p[e] <= 57:
         e += 1
-    return int(p[c:e]) if e > c else -1
+    if e == i or e - i > 10 or (p[i] == 48 and e - i > 1):
+        return -1
+    return e
 
 
 def _ms_or_none(v: object) -> float | None:

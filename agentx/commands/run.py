@@ -66,6 +66,10 @@ def run(cfg: RunConfig, target: Server | None = None) -> int:
     summary = run_once(cfg, target)
     print_summary(summary)
     print(f"results: {summary['output_dir']}/summary.json, requests.jsonl")
+    if summary.get("outages"):
+        from ..metrics.outages import describe
+
+        print(f"agentx: {describe(summary['outages'])}", file=sys.stderr)
     v = summary.get("validation") or {}
     for w in v.get("warnings") or []:
         print(f"agentx: warning: {w}", file=sys.stderr)

@@ -75,6 +75,7 @@ class DriveResult:
     # open loop: (scheduled offset s, arrival ns, admission ns or 0, planned requests, cap
     # wait ns) per arrived session (open_loop.SessionLog)
     sessions: list[tuple[float, int, int, int, int]] = field(default_factory=list)
+    backoff_s: float = 0.0  # the lanes' waits after connect failures (engine/backoff.py)
 
 
 def large_allocations_to_os(threshold: int = 256 * 1024) -> bool:
@@ -167,7 +168,8 @@ async def drive(spec: DriveSpec, on_engine: Callable[[Engine], None] | None = No
                        engine.stop_reason, st.max_sessions_active,
                        lag.lags_ms, lag.cpu_util, socket.gethostname(), lag.runqueue_wait_ms_per_s,
                        cache_model.evictions, engine.first_done_ns, engine.stop_ns,
-                       [x.row() for x in arrivals.log] if arrivals else [])
+                       [x.row() for x in arrivals.log] if arrivals else [],
+                       engine.backoff_ns / 1e9)
 
 
 def open_loop(planner: Planner, r: RunConfig) -> OpenLoop | None:

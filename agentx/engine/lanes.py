@@ -29,7 +29,8 @@ the same drain, or with force=True the cancellation at once; a failure share abo
 --max-error-rate forces it too (engine/abort.py). Every request that started is recorded
 exactly once. A request ends within --request-timeout (client/wire.py), so a run ends within
 the bound docs/reliability.md gives, whatever the server does. A 429 or 503 with Retry-After
-holds the lane's next request back that long (at most RETRY_AFTER_MAX_S, never past the stop).
+holds the lane's next request back that long (at most RETRY_AFTER_MAX_S, never past the stop);
+a request that could not connect holds it back by the lane's back-off (engine/backoff.py).
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ from ..prompt.token_model import TokenModel
 from ..records import RequestRecord
 from ..trace.model import Subagent, Trace, Turn
 from .abort import ErrorWindow
+from .backoff import Backoff
 from .open_loop import OpenLoop
 
 perf_ns = time.perf_counter_ns
@@ -199,6 +201,9 @@ class Engine:
         self._cache_lock = asyncio.Lock()
         self._opened: dict[int, _Opened] = {}  # lanes' first sessions, opened by `prepare`
         self._not_before: dict[int, int] = {}  # lane -> no request before (a Retry-After)
+        self._backoff = Backoff(cfg.lanes[0] if cfg.lanes else 0)  # jitter differs per worker
+        self._backoff_until: dict[int, int] = {}  # lane -> no request before (connect failed)
+        self.backoff_ns = 0  # the lanes' back-off waits, summed
 
     # -- control ----------------------------------------------------------------------------
     def request_stop(self, force: bool = False, reason: str = "signal") -> None:
@@ -438,6 +443,10 @@ class Engine:
                     raise _LaneDone
                 self._budget[key] -= 1
             due = max(due, self._not_before.get(lane, 0))  # the wait a Retry-After asked
+            hold = self._backoff_until.get(lane, 0)  # the server could not be reached
+            if hold > due:
+                self.backoff_ns += hold - max(due, perf_ns())
+                due = hold
             await self._pause((due - perf_ns()) / 1e9)
             if self.stopping:
                 return
@@ -557,6 +566,10 @@ class Engine:
             abort = self._errors.note(rec.ok, rec.error)
             if abort:  # the server fails most requests: stop now, cancel the rest
                 self.request_stop(force=True, reason=abort)
+            if rec.error == "connect":  # the lane backs off before its next request
+                self._backoff_until[lane] = end_ns + int(self._backoff.failed(lane) * 1e9)
+            elif rec.status:
+                self._backoff.answered(lane)
             if rec.retry_after_s is not None:  # the lane's next request waits (_run_session)
                 rec.retry_after_s = min(rec.retry_after_s, RETRY_AFTER_MAX_S)
                 self._not_before[lane] = end_ns + int(rec.retry_after_s * 1e9)

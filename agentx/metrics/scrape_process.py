@@ -36,6 +36,7 @@ from .prom import Snapshot
 from .scraper import MetricsScraper
 
 _LEN = struct.Struct("<Q")
+CHILD_SLACK_S = 10.0  # the child's start-up and a parse of a MAX_PAGE page, beyond the timeout
 
 
 def _write(out: IO[bytes], obj: Any) -> None:
@@ -66,14 +67,25 @@ class ScraperProcess:
         # the child's MetricsScraper once stopped; until then a local stand-in for errors
         self.scraper = MetricsScraper(None, url, interval_s, timeout_s=timeout_s)
 
+    def _bound(self) -> float:
+        """How long the child may take to answer: its scrape is bounded by the timeout
+        (--connect-timeout) and its parse by MAX_PAGE; the rest is its start-up."""
+        return self._args["timeout_s"] + CHILD_SLACK_S
+
     async def start(self) -> None:
         self._proc = p = spawn_python(  # a Ctrl-C while it starts is the parent's to handle
             "from agentx.metrics.scrape_process import _child_main; _child_main()")
         try:
             _write(p.stdin, self._args)
-            self.first = await asyncio.to_thread(_read, p.stdout)
-        except (OSError, EOFError, pickle.UnpicklingError) as exc:
+            self.first = await asyncio.wait_for(asyncio.to_thread(_read, p.stdout),
+                                                self._bound())
+        except (OSError, EOFError, pickle.UnpicklingError, asyncio.TimeoutError) as exc:
             self._failed(exc)
+            if isinstance(exc, asyncio.TimeoutError):  # its read ends with the child
+                self._proc = None
+                p.kill()
+                await asyncio.to_thread(p.wait)
+                p.stdout.close()
         self.scraper.first = self.first
 
     async def stop(self) -> None:
@@ -83,11 +95,12 @@ class ScraperProcess:
         self._proc = None
         try:
             p.stdin.close()
-            scraper = await asyncio.to_thread(_read, p.stdout)
+            scraper = await asyncio.wait_for(asyncio.to_thread(_read, p.stdout), self._bound())
             if isinstance(scraper, MetricsScraper):
                 self.scraper = scraper
-        except (OSError, EOFError, pickle.UnpicklingError) as exc:
+        except (OSError, EOFError, pickle.UnpicklingError, asyncio.TimeoutError) as exc:
             self._failed(exc)
+            p.kill()  # a child past its bound does not hold the run's end
         finally:
             try:
                 await asyncio.to_thread(p.wait, 10.0)

@@ -47,6 +47,10 @@ SERIES_KEYS: dict[str, tuple[str, str]] = {
 }
 
 MAX_ERRORS_KEPT = 100
+# the largest /metrics page read, 80 times vLLM's ~50 kB (tests/data/vllm-samples/
+# metrics_after.txt): parsing costs ~0.6 s of Python per MB, so a 312 MB page held a run for
+# over a minute and 1.9 GB. Beyond it the scrape fails (counted) and the rest is not read.
+MAX_PAGE = 4 << 20
 
 
 def metrics_url(url: str) -> str:
@@ -55,6 +59,21 @@ def metrics_url(url: str) -> str:
     if parts.path in ("", "/"):
         parts = parts._replace(path="/metrics")
     return urlunsplit(parts)
+
+
+async def _read_page(resp: aiohttp.ClientResponse) -> str:
+    """The page's text, at most MAX_PAGE bytes (else an error: the rest is not read); the
+    session's total timeout (--connect-timeout) bounds the time."""
+    size = resp.content_length
+    if size is not None and size > MAX_PAGE:
+        raise RuntimeError(f"page of {size} bytes, over the {MAX_PAGE >> 20} MiB a scrape reads")
+    parts, n = [], 0
+    async for part in resp.content.iter_chunked(1 << 16):
+        n += len(part)
+        if n > MAX_PAGE:
+            raise RuntimeError(f"page over the {MAX_PAGE >> 20} MiB a scrape reads")
+        parts.append(part)
+    return b"".join(parts).decode(resp.charset or "utf-8", "replace")
 
 
 def _series_sample(name: str) -> bool:
@@ -120,7 +139,7 @@ class MetricsScraper:
         try:
             async with self._session.get(self.url, headers=self.headers,
                                          timeout=self.timeout) as resp:
-                body = await resp.text()
+                body = await _read_page(resp)
                 if resp.status != 200:
                     raise RuntimeError(f"HTTP {resp.status}: {body[:200].strip()}")
             t1 = time.monotonic()

@@ -17,9 +17,11 @@ from ..errors import InputError
 from ..metrics import server_metrics as sm
 from ..metrics.goodput import goodput
 from ..metrics.gpu import gpu_rows, scrape_rows
+from ..metrics.outages import outages
 from ..metrics.prom import Snapshot
 from ..metrics.scraper import SERIES_KEYS
 from ..metrics.summary import summarize
+from ..records import valid_records
 from ..rundir import RunDir, read_jsonl, write_json
 
 REQUESTS, SUMMARY = RunDir.REQUESTS, RunDir.SUMMARY  # for the notes below
@@ -87,6 +89,10 @@ def load_run(run_dir: Path, *, gpus: int | None = None, slo: dict | None = None)
     that recorded no goodput (or other SLOs) gets it computed from its records, in memory."""
     notes = []
     rd = RunDir(run_dir)
+    owner = rd.live_owner()
+    if owner is not None:  # its files are being written: nothing here may be merged or cut
+        raise InputError(str(run_dir), f"a run is in progress here (agentx {owner}): agentx "
+                         "report reads it once that run has ended", field="DIR")
     if drop_partial_line(rd.requests):
         notes.append(f"dropped the cut-off last line of {REQUESTS} (its writer was killed)")
     merged = rd.merge_workers()
@@ -95,6 +101,9 @@ def load_run(run_dir: Path, *, gpus: int | None = None, slo: dict | None = None)
     records, bad = read_jsonl(rd.requests)
     if bad:
         notes.append(f"skipped {bad} unreadable line(s) in {REQUESTS}")
+    records, invalid, why = valid_records(records)  # re-checked as the run writes them
+    if invalid:
+        notes.append(f"skipped {invalid} invalid record(s) in {REQUESTS} (the first: {why})")
     rows, bad_m = read_jsonl(rd.metrics)
     metrics, gpu = scrape_rows(rows), gpu_rows(rows)
     summary, broken = rd.read_json(SUMMARY)
@@ -107,6 +116,7 @@ def load_run(run_dir: Path, *, gpus: int | None = None, slo: dict | None = None)
         summary = rebuild_summary(records, metrics, gpus=gpus, slo=slo,
                                   meta=read_run_json(run_dir))
         summary["rebuilt_from"] = {"records": len(records), "unreadable_lines": bad,
+                                   "invalid_records": invalid,
                                    "worker_files_merged": merged, "metrics_rows": len(metrics),
                                    "unreadable_metrics_lines": bad_m}
         if broken:
@@ -184,6 +194,7 @@ def rebuild_summary(records: list[dict], metrics: list[dict], *, gpus: int | Non
     if slo:
         s["goodput"] = goodput(records, slo, s["throughput"]["window_s"])
     s["server_metrics"] = server
+    s["outages"] = outages(records)
     s["stop_reason"] = "killed"
     s["rebuilt"] = True
     s["config"] = {"trace": None, "conc": len({r["lane"] for r in records}), "gpus": gpus,

@@ -173,17 +173,25 @@ def _child_main() -> None:
     closed = threading.Event()
     threading.Thread(target=lambda: (src.read(), closed.set()), daemon=True).start()
 
+    def say(line: str) -> None:
+        """A line to the parent; a parent gone (interrupted while this started) is a stop,
+        not a BrokenPipeError traceback on its terminal."""
+        try:
+            out.write(line)
+            out.flush()
+        except (BrokenPipeError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # nothing left to flush at exit
+            closed.set()
+
     def ready(port: int, _sim) -> None:
-        out.write(f"ready {port}\n")
-        out.flush()
+        say(f"ready {port}\n")
 
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:
         loop.run_until_complete(serve(cfg, ready, watch=closed.is_set))
     except Exception as e:  # noqa: BLE001 (the parent raises it)
-        out.write(f"error {type(e).__name__}: {e}\n".replace("\n", " ").rstrip() + "\n")
-        out.flush()
+        say(f"error {type(e).__name__}: {e}\n".replace("\n", " ").rstrip() + "\n")
         os._exit(1)  # not SystemExit: the stdin reader thread would crash the interpreter's exit
     finally:
         loop.close()

@@ -73,10 +73,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if command_of(argv) == "run":  # SIGTERM as Ctrl-C: exit 130 (docs/reliability.md)
-        from .aio import term_interrupts
+        # Rust extensions first: a signal handler raising inside their module init aborts it
+        # as a panic (orjson: "PyCapsule_Import could not import module datetime", exit 1)
+        import orjson  # noqa: F401
+        import pydantic_core  # noqa: F401
 
-        term_interrupts()
+        from .aio import term_interrupts
     try:
+        if command_of(argv) == "run":  # inside: a SIGTERM right after it lands in the except
+            term_interrupts()
         args = parse(argv)
         if getattr(args, "config", None) or getattr(args, "print_config", False):
             from .yamlconf import config_flags  # only then: the YAML reader costs ~17 ms

@@ -276,8 +276,8 @@ def test_overwrite_removes_only_the_runs_own_files(tmp_path):
     assert {"notes.txt", "diagram.png", "summary.json", "requests.jsonl"} <= left
     assert not {"latency_cdf.png", "requests.w3.jsonl"} & left
     assert (tmp_path / "outside").exists()
-    assert (out / ".agentx-files").read_text().split() == ["run.json", "requests.jsonl",
-                                                           "metrics.jsonl", "summary.json"]
+    assert (out / ".agentx-files").read_text().split() == [
+        "run.json", "requests.jsonl", "metrics.jsonl", "summary.json", "sessions.csv", "turns.csv"]
 
 
 # --- Ctrl-C during start-up -----------------------------------------------------------------

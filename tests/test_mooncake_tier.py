@@ -119,3 +119,15 @@ def test_a_run_whose_mooncake_tier_turns_over_says_so_in_one_line(tmp_path, caps
     err = capsys.readouterr().err
     [line] = [x for x in err.splitlines() if x.startswith("agentx: warning: offload:")]
     assert "blocks and loaded none, as the tier theory predicts (0.0% from the tier)" in line
+
+
+def test_render_keeps_the_segment_and_sizes_the_theory_by_what_is_held(tmp_path):
+    """vLLM reads the segment as rendered (tests/vllm_env/check_recipe_configs.py checks its
+    bytes); the tier the theory and a recipe side's `--offload-tokens` use is the held share."""
+    from agentx.recipe.load import load_recipe
+    from agentx.recipe.render import render
+
+    recipe, path = load_recipe("minimaxm3-fp8-h200")
+    r = render(recipe, 0, workdir=tmp_path, recipe_dir=path.parent)
+    assert r.kv_offload == "mooncake"
+    assert r.offload_held_bytes == int(r.offload_bytes * Mooncake().held_fraction())

@@ -67,7 +67,8 @@ class Rendered:
     synthetic_al: float | None = None
     kv_offload: str = "none"
     allocated_dram_gb: int | None = None
-    offload_bytes: int | None = None
+    offload_bytes: int | None = None  # the tier as allocated (the DRAM arithmetic)
+    offload_held_bytes: int | None = None  # what it holds in steady state: the theory's size
     base_url: str = ""
     served_name: str = ""  # the model name requests use
 
@@ -228,7 +229,7 @@ def _kv_offload(recipe: Recipe, point: Point, port: int, workdir: Path,
                 host_mib: int | None, out: Rendered) -> dict | None:
     c = recipe.offload(point)
     t = c.plan(point.gpus, host_mib)
-    out.kv_offload, out.offload_bytes = t.kind, t.held_bytes
+    out.kv_offload, out.offload_bytes, out.offload_held_bytes = t.kind, t.total_bytes, t.held_bytes
     out.allocated_dram_gb = t.allocated_gb
     if t.budget is not None:
         out.dram_steps = t.budget.steps

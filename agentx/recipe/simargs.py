@@ -38,8 +38,8 @@ def sim_options(recipe: Recipe, point_index: int, conc: int | None = None, *,
         opts["kv_offload"] = c.kind
         if c.enabled and not c.reads_host():  # it would read this machine, not the recipe's
             t = c.plan(point.gpus)
-            if t.total_bytes is not None:
-                opts["offload_gb"] = t.total_bytes / 1e9
+            if t.held_bytes is not None:  # what the store keeps filled (Tier.held_bytes)
+                opts["offload_gb"] = t.held_bytes / 1e9
         opts.update(c.sim_options())
     except ValueError as e:
         raise InputError(source, str(e)) from None

@@ -101,7 +101,7 @@ class RecipeServer(Server):
                                 health_timeout_s=self.health_timeout_s, on_log=self.on_log,
                                 sidecars=r.sidecars, files=r.files)
             self.target = Target("vllm", r.base_url, r.served_name,
-                                 offload_tokens(self.recipe, self.point, r.offload_bytes),
+                                 offload_tokens(self.recipe, self.point, r.offload_held_bytes),
                                  connector=r.kv_offload, spec=self.spec, log_dir=wd)
         self.handle.model = self.target.model
         return self.target

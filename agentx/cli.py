@@ -72,7 +72,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if command_of(argv) == "run":  # SIGTERM as Ctrl-C: exit 130 (docs/reliability.md)
+    is_run = command_of(argv) == "run"
+    if is_run:  # SIGTERM as Ctrl-C: exit 130 (docs/reliability.md)
         # Rust extensions first: a signal handler raising inside their module init aborts it
         # as a panic (orjson: "PyCapsule_Import could not import module datetime", exit 1)
         import orjson  # noqa: F401
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from .aio import term_interrupts
     try:
-        if command_of(argv) == "run":  # inside: a SIGTERM right after it lands in the except
+        if is_run:  # inside the try: a SIGTERM right after it lands in the except
             term_interrupts()
         args = parse(argv)
         if getattr(args, "config", None) or getattr(args, "print_config", False):

@@ -184,14 +184,15 @@ async def run_async(cfg: RunConfig, target: Target,
     if bad:
         print(f"agentx: warning: skipped {bad} unreadable line(s) of {requests_path}",
               file=sys.stderr)
+    last_turns = traces.last_turns()
     summary = _summary(cfg, results, n_workers, records, scraper, meta, ccfg, tier, lost,
-                       traces if not pooled else None, traces.last_turns())
+                       traces if not pooled else None, last_turns)
     win = summary["window"]
     summary["energy"] = energy_block([] if isinstance(gpu, str) else gpu.rows, win["start_ns"],
                                      win["end_ns"], summary["tokens"]["output"],
                                      summary["completed"], gpu if isinstance(gpu, str) else None)
     write_json(rd.summary, summary)
-    write_session_files(out, records, traces.last_turns())
+    write_session_files(out, records, last_turns)
     summary["output_dir"] = str(out)
     return summary
 

@@ -46,6 +46,17 @@ def trace_label(trace: str) -> str:
     return Path(trace).name.split(".")[0]
 
 
+def _busy(path: Path, owner: str) -> InputError:
+    """The refusal of a directory a live run holds (the early check and the claim alike)."""
+    return InputError(str(path), f"another agentx run ({owner}) is writing to it (use another "
+                      "--output-dir)", field=FLAG)
+
+
+def _not_empty(path: Path) -> InputError:
+    return InputError(str(path), "is not empty: a run's files would mix with another's (use "
+                      "--overwrite, or another --output-dir)", field=FLAG)
+
+
 class RunDir:
     """One run directory (it may not exist yet): the paths of its files and what may be done
     with it. File names are class attributes, so readers need no instance."""
@@ -119,12 +130,9 @@ class RunDir:
             if not out.is_dir():
                 raise InputError(str(out), "exists and is not a directory", field=FLAG)
             if (owner := self.live_owner()) is not None:
-                raise InputError(str(out), f"another agentx run ({owner}) is writing to it "
-                                 "(use another --output-dir)", field=FLAG)
+                raise _busy(out, owner)
             if not overwrite and self.abandoned_files() is None:
-                raise InputError(str(out), "is not empty: a run's files would mix with "
-                                 "another's (use --overwrite, or another --output-dir)",
-                                 field=FLAG)
+                raise _not_empty(out)
             if not os.access(out, os.W_OK | os.X_OK):
                 raise InputError(str(out), "is not writable", field=FLAG)
             return
@@ -153,8 +161,7 @@ class RunDir:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
-            raise InputError(str(self.path), f"another agentx run ({self._owner()}) is "
-                             "writing to it (use another --output-dir)", field=FLAG) from None
+            raise _busy(self.path, self._owner()) from None
         self._lock = fd
         try:
             os.ftruncate(fd, 0)
@@ -164,9 +171,7 @@ class RunDir:
             else:
                 doomed = self.abandoned_files()
                 if doomed is None:
-                    raise InputError(str(self.path), "is not empty: a run's files would mix "
-                                     "with another's (use --overwrite, or another "
-                                     "--output-dir)", field=FLAG)
+                    raise _not_empty(self.path)
             for f in doomed:
                 f.unlink()
             with contextlib.suppress(FileNotFoundError):

@@ -28,7 +28,9 @@ OLD_OFFB = DATA / "h200-runs" / "offB" / "requests.jsonl"
 OLD_TIER_TOKENS = 436_906  # offB's client did not record it: 27,306 CPU blocks x 16 (server.log)
 # real Mooncake records (each with its *summary.json beside it; the tier's tokens recorded
 # there as cache.offload_tokens, the --offload-tokens of the run)
-MOONCAKE_RUNS = sorted(DATA.glob("h200-runs*/mc*-requests.jsonl"))
+# the Mooncake runs of h200-runs-4 and side B of the real SimpleCPUOffload-vs-Mooncake A/B
+MOONCAKE_RUNS = sorted([*DATA.glob("h200-runs*/mc*-requests.jsonl"),
+                        DATA / "h200-runs-5" / "ab-b-requests.jsonl"])
 MOONCAKE_SEGMENT_TOKENS = 429_616  # their "59GB" segment over 147,456 KV bytes a token
 
 
@@ -142,7 +144,7 @@ def test_mooncake_looks_the_store_up_from_the_first_block_and_saves_the_whole_pr
 @pytest.mark.parametrize("path", MOONCAKE_RUNS, ids=lambda p: p.name)
 def test_mooncake_tier_model_on_real_records(swe, path):
     """Real Mooncake runs (tests/data/h200-runs-4: 16 lanes that loaded, 32 lanes that never
-    did), replayed with MooncakeStoreConnector's lookup and save (`whole`) in the server's
+    did; h200-runs-5: the A/B's Mooncake side, 16 lanes), replayed with MooncakeStoreConnector's lookup and save (`whole`) in the server's
     waiting queue, the tier sized as the master keeps it (x 0.76 of the 59 GB segment): within
     5 points of the hit rate vLLM reported. Where it loaded, the tier's share is within
     validation's 10 points of the server's split; where it never did, the lazy model over the

@@ -34,6 +34,19 @@ class StorePolicy:
     chunk_tokens: int | None = None
 
 
+class StepCost(StrictModel):
+    """What a connector adds to each engine step, relative to the same server without it.
+
+    Measured on the H200 by bench/connector_steps.py (per-step timings of real vLLM 0.24 with and
+    without the connector, docs/simulator.md): `factor` scales every step (its median ratio), and
+    a share `stall_fraction` of steps carries a further `stall_ms` (the heavy tail: the store's
+    work competing with the engine's). The default adds nothing."""
+
+    factor: float = opt(1.0, "every step's time x this", gt=0)
+    stall_fraction: float = opt(0.0, "share of steps that stall", ge=0, le=1)
+    stall_ms: float = opt(0.0, "mean extra time of a stalled step, ms", ge=0)
+
+
 @dataclass(frozen=True)
 class Signal:
     """One counter that shows the connector moving KV: `key` is its field in
@@ -114,6 +127,7 @@ class Connector(StrictModel):
     stores: ClassVar[tuple[Signal, ...]] = ()
     sim_metrics: ClassVar[type[SimMetrics]] = SimMetrics
     load_gbps: ClassVar[float | None] = None  # the simulator's CPU->GPU rate (None: PCIe)
+    step_cost: ClassVar[StepCost] = StepCost()  # per-step cost in the simulator (profiles override)
 
     @property
     def enabled(self) -> bool:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..offload import connector
+from ..offload.base import StepCost
 from ..options import StrictModel
 from ..yamlconf import load_model, read_text
 from .config import SimConfig
@@ -65,6 +66,9 @@ class Calibration(StrictModel):
     # effective CPU->GPU load rate per GPU, by connector kind (default: the connector's own
     # figure, agentx.offload: `Connector.load_gbps`)
     offload_load_gbps: dict[str, float] = {}
+    # what each connector adds to an engine step, by connector kind (default: the connector's
+    # own, agentx.offload: `Connector.step_cost`); written by bench/connector_steps.py --write
+    offload_step_cost: dict[str, StepCost] = {}
     # the API server's work before a request reaches the engine (HTTP, chat template,
     # tokenisation), served requests only: fixed + per prompt token
     frontend_ms: float = 0.0
@@ -76,6 +80,10 @@ class Calibration(StrictModel):
     def load_gbps(self, kind: str) -> float | None:
         """The tier's load rate into one GPU, GB/s; None for no connector (or none given)."""
         return self.offload_load_gbps.get(kind) or connector(kind).load_gbps
+
+    def step_cost(self, kind: str) -> StepCost:
+        """What connector `kind` adds to each step (nothing for no connector)."""
+        return self.offload_step_cost.get(kind) or connector(kind).step_cost
 
 
 class EngineDefaults(StrictModel):

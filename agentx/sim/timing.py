@@ -1,6 +1,7 @@
 """Roofline price of one engine step (per GPU; the TP ranks work in parallel).
 
     t_step = max(t_mem, t_flop) + t_tp + overhead + layers x per_layer + n_seqs x per_seq (+ drafts)
+    under a KV connector: t_step x factor, plus stall_ms on a share stall_fraction of steps
     t_mem  = weight bytes read / (BW x mbu) + KV bytes read / (BW x attn_mbu)
     t_flop = (2 x active params / TP x tokens + attention FLOPs) / (peak x mfu)
     t_tp   = 2 all-reduces per layer: latency + ring volume 2 (TP-1)/TP x tokens x hidden x 2 B / NVLink
@@ -111,6 +112,11 @@ class StepTiming:
         # host->GPU loads of offloaded KV: the connector's effective rate, capped by the PCIe link
         rate = cal.load_gbps(offload) or hw.host_gbps
         self.host_bw = min(rate, hw.host_gbps) * 1e9
+        # the connector's own per-step cost (measured: offload.base.StepCost); stalls are spread
+        # evenly (every 1/stall_fraction-th step) so that a run is reproducible
+        cost = cal.step_cost(offload)
+        self.step_factor, self.stall_share, self.stall_s = cost.factor, cost.stall_fraction, cost.stall_ms / 1e3
+        self._stall_due = 0.0
         self.window = m.attn_window
         self.index_tok = m.index_bytes_per_token / tp if m.attn_window else 0.0
         self.layers = m.layers
@@ -140,6 +146,12 @@ class StepTiming:
             t += b.num_decode * self.spec_per_seq
             draft_kv = b.kv_read_tokens * self.draft_kv_tok / self.kv_bw
             t += self.k * (self.draft_bytes / self.w_bw + draft_kv + self.draft_pass)
+        if self.stall_share or self.step_factor != 1.0:
+            t *= self.step_factor
+            self._stall_due += self.stall_share
+            if self._stall_due >= 1.0:
+                self._stall_due -= 1.0
+                t += self.stall_s
         return t
 
     def frontend_seconds(self, prompt_tokens: int) -> float:

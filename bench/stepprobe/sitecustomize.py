@@ -1,0 +1,231 @@
+"""Per-step timing probe for a real vLLM server (bench/connector_steps.py reads what it writes).
+
+Put this folder first on the server's PYTHONPATH and set AGENTX_STEPLOG to a folder: every Python
+process then imports this file at start-up (sitecustomize), and once vLLM's engine core, scheduler,
+model runner and KV connector modules are imported it wraps, without changing what they do:
+
+- `EngineCore.step` / `step_with_batch_queue`: one row per engine step (its start, end, and the
+  batch the scheduler built for it: scheduled tokens, requests, new requests, decode requests,
+  the tokens of the longest and of all scheduled contexts);
+- `Scheduler.schedule`: its own time (it includes the connector's scheduler-side hooks);
+- `GPUModelRunner.execute_model` / `sample_tokens`: one row per call, the worker's host-side time;
+- each KV connector hook (SimpleCPUOffloadConnector, MooncakeStoreConnector): time summed by hook,
+  into the step's row (scheduler side) or the model runner's row (worker side), and the blocks
+  (SimpleCPUOffload) or tokens (Mooncake) the step's metadata asks to load and to store.
+
+On vLLM 0.24.0 on the H200 (tests/data/h200-runs-5) no model-runner rows appeared (the worker
+there does not run this GPUModelRunner method), so the worker-side hooks went unrecorded: their
+cost is inside the engine steps' times, which is what bench/connector_steps.py compares.
+
+Rows go to AGENTX_STEPLOG/steps-<pid>.jsonl, flushed every second by a daemon thread. Nothing here
+raises into vLLM: a probe that fails only stops probing. Without AGENTX_STEPLOG it does nothing.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib.abc
+import importlib.util
+import json
+import os
+import sys
+import threading
+import time
+
+_DIR = os.environ.get("AGENTX_STEPLOG")
+# the connector's scheduler-side hooks (summed into the engine step's row) and worker-side ones
+# (summed into the model runner's row: the worker may live in another process)
+SCHED_HOOKS = ("get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta",
+               "update_connector_output", "request_finished", "request_finished_all_groups")
+WORKER_HOOKS = ("start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
+                "get_finished", "build_connector_worker_meta", "handle_preemptions",
+                "bind_connector_metadata", "clear_connector_metadata")
+_CONNECTORS = {
+    "vllm.distributed.kv_transfer.kv_connector.v1.simple_cpu_offload_connector":
+        "SimpleCPUOffloadConnector",
+    "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector":
+        "MooncakeStoreConnector",
+}
+
+
+class _Log:
+    """The current step's accumulators and the rows written so far (one per process)."""
+
+    def __init__(self, folder: str) -> None:
+        os.makedirs(folder, exist_ok=True)
+        self.path = os.path.join(folder, f"steps-{os.getpid()}.jsonl")
+        self.rows: list[dict] = []
+        self.hooks: dict[str, float] = {}
+        self.worker: dict[str, float] = {}
+        self.moves: dict[str, int] = {}
+        self.batch: dict = {}
+        self.connector = ""
+        self.lock = threading.Lock()
+
+    def add_hook(self, name: str, dt: float) -> None:
+        with self.lock:
+            acc = self.worker if name in WORKER_HOOKS else self.hooks
+            acc[name] = acc.get(name, 0.0) + dt
+
+    def runner(self, t0: float, dt: float, fn: str) -> None:
+        """One row per model-runner call, with the worker-side hooks run since the last one."""
+        with self.lock:
+            self.rows.append({"t0": round(t0, 6), "dt": round(dt, 6), "fn": fn,
+                              "conn": self.connector,
+                              "hooks": {k: round(v, 6) for k, v in self.worker.items()}})
+            self.worker = {}
+
+    def forked(self) -> None:
+        """In a forked child: its own file, no parent's rows, its own flusher thread."""
+        self.path = os.path.join(os.path.dirname(self.path), f"steps-{os.getpid()}.jsonl")
+        self.rows, self.hooks, self.worker, self.moves, self.batch = [], {}, {}, {}, {}
+        self.lock = threading.Lock()
+        self.flush_every(1.0)
+
+    def step(self, t0: float, t1: float, fn: str, extra: dict) -> None:
+        with self.lock:
+            row = {"t0": round(t0, 6), "dt": round(t1 - t0, 6), "fn": fn, "conn": self.connector,
+                   **self.batch, **extra,
+                   "hooks": {k: round(v, 6) for k, v in self.hooks.items()}, **self.moves}
+            self.rows.append(row)
+            self.hooks, self.moves, self.batch = {}, {}, {}
+
+    def flush(self) -> None:
+        with self.lock:
+            rows, self.rows = self.rows, []
+        if rows:
+            with open(self.path, "a") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in rows))
+
+    def flush_every(self, seconds: float) -> None:
+        """A daemon thread: the engine process may end by a signal, without atexit."""
+        def loop() -> None:
+            while True:
+                time.sleep(seconds)
+                try:
+                    self.flush()
+                except Exception:  # noqa: BLE001
+                    return
+        threading.Thread(target=loop, name="agentx-stepprobe", daemon=True).start()
+
+
+LOG: _Log | None = None
+
+
+def _timed(cls, name: str, record) -> None:
+    """Replace cls.name by a wrapper that times it and hands (result, dt, args) to record."""
+    orig = cls.__dict__.get(name)
+    if orig is None or getattr(orig, "_agentx_probe", False):
+        return
+
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        out = orig(*args, **kwargs)
+        try:
+            record(out, time.perf_counter() - t0, args, t0)
+        except Exception:  # noqa: BLE001 - the probe never breaks the server
+            pass
+        return out
+
+    wrapper._agentx_probe = True
+    setattr(cls, name, wrapper)
+
+
+def _batch(so, scheduler) -> dict:
+    """What the scheduler scheduled this step (vLLM's SchedulerOutput), and the context the
+    scheduled requests had computed before it (attention reads it)."""
+    per_req = getattr(so, "num_scheduled_tokens", {}) or {}
+    new = getattr(so, "scheduled_new_reqs", []) or []
+    reqs = getattr(scheduler, "requests", {})
+    ctx = [getattr(reqs.get(r), "num_computed_tokens", 0) - n for r, n in per_req.items()]
+    return {"tokens": int(getattr(so, "total_num_scheduled_tokens", 0)), "reqs": len(per_req),
+            "new": len(new), "decode": sum(1 for n in per_req.values() if n == 1),
+            "ctx": int(sum(ctx)), "ctx_max": int(max(ctx, default=0)),
+            "waiting": len(getattr(scheduler, "waiting", ()) or ())}
+
+
+def _moves(meta) -> dict:
+    """Blocks (SimpleCPUOffload) or tokens (Mooncake) the connector metadata moves this step."""
+    if meta is None:
+        return {}
+    if hasattr(meta, "load_gpu_blocks"):
+        return {"load_blocks": len(meta.load_gpu_blocks or ()),
+                "store_blocks": len(getattr(meta, "store_gpu_blocks", ()) or ())}
+    reqs = getattr(meta, "requests", None)
+    if reqs is None:
+        return {}
+    load = save = 0
+    for r in reqs:
+        ls = getattr(r, "load_spec", None)
+        if ls is not None and getattr(ls, "can_load", False):
+            load += max(0, ls.kvpool_cached_tokens - ls.vllm_cached_tokens)
+        if getattr(r, "can_save", False):
+            save += int(getattr(r, "token_len_chunk", 0) or 0)
+    return {"load_tokens": load, "store_tokens": save, "meta_reqs": len(reqs)}
+
+
+def _patch_core(mod) -> None:
+    for fn in ("step", "step_with_batch_queue"):
+        _timed(mod.EngineCore, fn,
+               lambda out, dt, args, t0, fn=fn: LOG.step(t0, t0 + dt, fn, {}))
+
+
+def _patch_scheduler(mod) -> None:
+    def record(so, dt, args, t0):
+        LOG.batch = {**_batch(so, args[0]), "sched": round(dt, 6)}
+        LOG.moves.update(_moves(getattr(so, "kv_connector_metadata", None)))
+    _timed(mod.Scheduler, "schedule", record)
+
+
+def _patch_runner(mod) -> None:
+    for fn in ("execute_model", "sample_tokens"):
+        _timed(mod.GPUModelRunner, fn, lambda out, dt, args, t0, fn=fn: LOG.runner(t0, dt, fn))
+
+
+def _patch_connector(cls_name: str):
+    def patch(mod) -> None:
+        cls = getattr(mod, cls_name)
+        LOG.connector = cls_name
+        for hook in SCHED_HOOKS + WORKER_HOOKS:
+            _timed(cls, hook, lambda out, dt, args, t0, hook=hook: LOG.add_hook(hook, dt))
+    return patch
+
+
+_PATCHES = {"vllm.v1.engine.core": _patch_core, "vllm.v1.core.sched.scheduler": _patch_scheduler,
+            "vllm.v1.worker.gpu_model_runner": _patch_runner,
+            **{m: _patch_connector(c) for m, c in _CONNECTORS.items()}}
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Runs a module's patch right after the module executes (a post-import hook)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in _PATCHES:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return None
+        loader, patch = spec.loader, _PATCHES[name]
+        exec_module = loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            try:
+                patch(module)
+            except Exception as e:  # noqa: BLE001
+                print(f"agentx stepprobe: {name} not patched: {e!r}", file=sys.stderr)
+        loader.exec_module = exec_and_patch
+        return spec
+
+
+if _DIR:
+    LOG = _Log(_DIR)
+    sys.meta_path.insert(0, _Finder())
+    LOG.flush_every(1.0)
+    atexit.register(LOG.flush)
+    os.register_at_fork(after_in_child=LOG.forked)

@@ -1,0 +1,60 @@
+"""What a KV connector adds to each engine step: measured on the H200 (tests/data/h200-runs-5/steps,
+bench/stepprobe), fitted by bench/connector_steps.py, applied by the simulator's step timing."""
+from __future__ import annotations
+
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentx.sim.config import SimConfig
+from agentx.sim.profile import load_profile, resolve
+from agentx.sim.timing import StepTiming
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_profile_constants_are_what_the_fit_writes_from_the_measurements(tmp_path):
+    """The shipped profile's offload_step_cost is bench/connector_steps.py's output on the
+    real per-step data, not a figure typed in."""
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "connector_steps.py")],
+                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    fitted = re.search(r"per connector \(pooled over [^)]*\): (\{.*\})", out.stdout).group(1)
+    shipped = load_profile("h200-qwen3-8b-bf16").calibration.offload_step_cost
+    for kind in ("simple-cpu", "mooncake"):
+        c = shipped[kind]
+        for field in ("factor", "stall_fraction", "stall_ms"):
+            m = re.search(rf"'{kind}': \{{[^}}]*'{field}': ([\d.]+)", fitted)
+            assert float(m.group(1)) == pytest.approx(getattr(c, field)), (kind, field)
+    # what the measurements say: SimpleCPUOffload adds nothing to a step; Mooncake slows every
+    # step and stalls some
+    assert shipped["simple-cpu"].factor == pytest.approx(1.0, abs=0.02)
+    assert shipped["simple-cpu"].stall_fraction == 0.0
+    assert shipped["mooncake"].factor > 1.1 and shipped["mooncake"].stall_fraction > 0.01
+
+
+def _steps(kind: str, n: int = 2000) -> list[float]:
+    r = resolve(SimConfig(profile="h200-qwen3-8b-bf16", kv_pool_tokens=196_608))
+    t = StepTiming(r, 0, offload=kind)
+    out = []
+    for _ in range(n):
+        b = t.new_batch()
+        for _ in range(4):
+            b.add_decode(None, 8_000, 1)
+        out.append(t.step_seconds(b) * 1e3)
+    return out
+
+
+def test_the_simulator_prices_each_connectors_steps_as_measured():
+    base = _steps("none")
+    cost = load_profile("h200-qwen3-8b-bf16").calibration.offload_step_cost["mooncake"]
+    mc = _steps("mooncake")
+    assert statistics.median(mc) == pytest.approx(cost.factor * statistics.median(base), rel=1e-6)
+    stalled = [m for m, b in zip(mc, base) if m > cost.factor * b + 1e-9]
+    assert len(stalled) == pytest.approx(cost.stall_fraction * len(mc), abs=1)
+    assert statistics.mean(stalled) - cost.factor * base[0] == pytest.approx(cost.stall_ms, rel=1e-6)
+    assert statistics.mean(_steps("simple-cpu")) == pytest.approx(statistics.mean(base), rel=0.02)

@@ -379,6 +379,8 @@ def _hit_rate(summary: dict, sm: dict | None, exp: Expectations) -> dict:
         measured, source = _num(_get(sm, "prefix_cache", "hit_rate")), "server"
     if measured is None:
         return _skip(name, "no achieved hit rate (client or server)", expected)
+    if exp.offload_expected and exp.tier_hit_rates is None:
+        return _floor_only(name, measured, expected, source, exp)
     ok = _near(measured, exp.theoretical_hit_rate, band, exp.hit_rate_tolerance)
     why = [] if ok else [f"{source} hit rate {measured:.3f} vs theoretical "
                          f"{_theory(exp.theoretical_hit_rate, band)} ± {exp.hit_rate_tolerance}"]
@@ -391,6 +393,25 @@ def _hit_rate(summary: dict, sm: dict | None, exp: Expectations) -> dict:
     out["source"] = source
     if tiers:
         out["tiers"] = tiers
+    return out
+
+
+def _floor_only(name: str, measured: float, expected: dict, source: str,
+                exp: Expectations) -> dict:
+    """An offload connector serves the run but its tier's size is unknown (vLLM 0.24 does not
+    report SimpleCPUOffload's; --offload-tokens gives it): the GPU-pool theory leaves the tier
+    out, so it is a floor for the achieved rate, not its value. Below the floor still fails (a
+    cache that does not work); above it passes with a note. A 32-lane SimpleCPUOffload run on
+    the H200 achieved 35.3 % against a GPU-pool theory of 0.0 % and failed before this
+    (tests/data/h200-runs-5/o32)."""
+    floor = exp.theoretical_hit_rate
+    ok = measured >= floor - exp.hit_rate_tolerance
+    out = _check(name, ok, measured, {**expected, "floor_only": True},
+                 "" if ok else f"{source} hit rate {measured:.3f} below the GPU-pool theory's "
+                 f"{floor:.3f} - {exp.hit_rate_tolerance}, though an offload tier adds hits")
+    out["source"] = source
+    out["note"] = (f"offload tier size unknown (give --offload-tokens): the GPU-pool theory "
+                   f"{floor:.1%} is only a floor for the achieved {measured:.1%}")
     return out
 
 

@@ -193,3 +193,25 @@ def test_interval_when_every_request_accepts_the_same_share():
     wide = bootstrap(1.2, [(1, 5)] * 4, 3, CHUNK_COUNTS)
     narrow = bootstrap(1.2, [(100, 500)] * 4, 3, CHUNK_COUNTS)
     assert wide.low == 1.0 and narrow.low > 1.0 and narrow.high - narrow.low < wide.high - wide.low
+
+
+def test_url_calibration_says_its_key_and_how_a_recipe_pins_it(tmp_path, capsys):
+    """--url without --golden-model keys the golden file by the served model name; when that is
+    a filesystem path (vLLM's default without --served-model-name) the note says so and names
+    --golden-model, and the closing note gives the file and the three recipe keys that pin it."""
+    sim = start_in_process(SimConfig(port=0, profile="cpu-tiny", spec_k=2, synthetic_al=2.4,
+                                     time_scale=20, model_name="/opt/models/qwen3-8b"))
+    golden = tmp_path / "g.yaml"
+    try:
+        code, _ = _calibrate(tmp_path, "u", "--url", f"2={sim.base_url}", "--thinking", "off",
+                             "--requests", "4", "--max-tokens", "32", "--context-scale", "0.01",
+                             "--golden", str(golden))
+    finally:
+        sim.stop()
+    out = capsys.readouterr().out
+    assert code == 0 and "/opt/models/qwen3-8b" in load_golden(golden)
+    assert "the golden key /opt/models/qwen3-8b is the server's model path" in out
+    assert "give --golden-model" in out
+    assert (f"note: written to {golden} under /opt/models/qwen3-8b; a recipe pins these values "
+            f"with `golden_file: {golden.resolve()}`, `synthetic_al: golden` and "
+            "`golden_model: /opt/models/qwen3-8b`") in out

@@ -89,7 +89,13 @@ def calibrate(cfg: CalibrateConfig, say: Say = print) -> dict:
         say(f"K={k}: starting the server" if recipe else f"K={k}: {cfg.url_map()[k]}")
         with server_at_k(cfg, recipe, path, k, out / f"k{k}" / "server") as t:
             t.model = t.model or served_model(t.url)
-            key = key or t.model
+            if key is None:
+                key = t.model
+                if _is_path(key):
+                    say(f"note: the golden key {key} is the server's model path (vLLM reports it "
+                        "when started without --served-model-name); a recipe looks its AL up by "
+                        "speculative.golden_model, else its draft as written: give --golden-model "
+                        "to write under that key")
             version = read_version(t.url).get("version")
             for mode in cfg.thinking:
                 m = measure(w, cfg, t.url, t.model, k, mode, out / f"k{k}" / f"thinking-{mode}")
@@ -111,7 +117,15 @@ def calibrate(cfg: CalibrateConfig, say: Say = print) -> dict:
     result["output_dir"] = str(out)
     if recipe and entries:
         say(pin_note(recipe, path, gpath))
+    elif entries:
+        say(f"note: written to {gpath} under {key}; a recipe pins these values with "
+            f"`golden_file: {gpath.resolve()}`, `synthetic_al: golden` and `golden_model: {key}`")
     return result
+
+
+def _is_path(name: str) -> bool:
+    """A served model name that is a filesystem path (vLLM's default: the --model argument)."""
+    return os.path.isabs(name) or name.startswith(("~", "./", "../"))
 
 
 def pin_note(recipe: Recipe, path: Path, gpath: Path) -> str:

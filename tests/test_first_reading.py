@@ -260,3 +260,22 @@ def test_a_flag_typo_gets_the_subcommands_usage_and_a_suggestion(cli, argv, usag
     last = r.stderr.strip().splitlines()[-1]
     assert last == (f"{usage}: error: unrecognized arguments: {' '.join(argv[-2:])} "
                     f"(did you mean {hint}?)")
+
+
+def test_the_runs_table_tells_an_ab_s_sides_apart(tmp_path, capsys):
+    """`agentx report` of an A/B folder (the real H200 A/B of tests/data/h200-runs-5): both
+    sides' runs are named `1`; the table names them by their path below the common parent."""
+    import shutil
+    from pathlib import Path
+
+    from agentx.cli import main
+    data = Path(__file__).parent / "data" / "h200-runs-5"
+    for side in ("a", "b"):
+        d = tmp_path / "ab" / side / "1"
+        d.mkdir(parents=True)
+        for f in ("summary.json", "requests.jsonl", "run.json", "metrics.jsonl"):
+            shutil.copy(data / f"ab-{side}-{f}", d / f)
+    shutil.copy(data / "ab.json", tmp_path / "ab" / "ab.json")
+    assert main(["report", str(tmp_path / "ab"), "--no-plots", "-o", str(tmp_path / "rep")]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if "conc 16" in ln]
+    assert len(rows) == 2 and any("a/1" in r for r in rows) and any("b/1" in r for r in rows), rows

@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-import os
 import tempfile
 from collections.abc import Callable
 from html import escape
@@ -36,6 +35,7 @@ from .pareto import (
     run_row,
     throughput_axis,
 )
+from .pareto import short_names as pareto_short_names
 from .rebuild import Run
 from .target import target_text
 
@@ -113,10 +113,7 @@ def png_img(path: Path, alt: str) -> str:
 
 def short_names(runs: list[Run]) -> list[str]:
     """Each run's path below the runs' common parent (`ab/a/1`, not `1`)."""
-    if len(runs) == 1:
-        return [runs[0].dir.name]
-    base = os.path.commonpath([str(r.dir.resolve().parent) for r in runs])
-    return [os.path.relpath(r.dir.resolve(), base) for r in runs]
+    return pareto_short_names([str(r.dir.resolve()) for r in runs])
 
 
 def _run_section(run: Run, name: str, figs: Figures, i: int, open_: bool) -> str:

@@ -13,6 +13,7 @@ plot.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -65,6 +66,16 @@ def _label(summary: dict, key: str) -> str:
 
 def _per(v: float | None, n: int | None) -> float | None:
     return v / n if v is not None and n else None
+
+
+def short_names(paths: list[str]) -> list[str]:
+    """Each run's path below the runs' common parent (`a/1` and `b/1` for an A/B's sides, not
+    `1` twice); one run: its folder's name."""
+    if len(paths) == 1:
+        return [os.path.basename(os.path.normpath(paths[0]))]
+    full = [os.path.abspath(p) for p in paths]
+    base = os.path.commonpath([os.path.dirname(p) for p in full])
+    return [os.path.relpath(p, base) for p in full]
 
 
 def run_row(name: str, summary: dict, records: list[dict], gpus: int | None = None) -> dict:

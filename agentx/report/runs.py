@@ -18,6 +18,7 @@ from .pareto import (
     in_flight_text,
     mark_frontiers,
     run_row,
+    short_names,
     throughput_axis,
 )
 from .rebuild import Run, last_turns_of
@@ -107,9 +108,10 @@ def print_pareto(rows: list[dict], y: str, y_label: str, console: Console) -> No
               "TTFT p50 ms",
               "TPOT p50 ms", "1000/TPOT p50", "1000/p90(E2E/OSL)", "verdict"):
         t.add_column(c, justify="left" if c in ("run", "verdict") else "right")
+    short = dict(zip([r["run"] for r in rows], short_names([r["run"] for r in rows])))
     for r in sorted(rows, key=lambda r: (r["conc"] or 0, r["run"])):
         inter = [_f(r[c]) + (" *" if r[frontier_key(c)] else "") for c, _ in INTERACTIVITY]
-        name = os.path.basename(r["run"])
+        name = short[r["run"]]
         t.add_row(f"{r['point']}/{name}" if r["point"] else name, r["load"],
                   in_flight_text(r), str(r["completed"]), _f(r[y]),
                   _f(r["ttft_p50_ms"]), _f(r["tpot_p50_ms"]), *inter, r["validation"]

@@ -40,7 +40,9 @@ from .plan import split_count, trace_times
 from .prompt.token_model import TokenModel, builtin_model, hf_model
 from .report.sessions import write_session_files
 from .rundir import RunDir, merge_record_files, read_jsonl, write_json
-from .targets.base import Server, Target, UrlServer
+from .targets.base import Server, Target
+from .targets.choice import UrlChoice
+from .targets.open import open_server
 from .trace.load import load_traces
 from .trace.model import TraceSet
 from .urls import redact_url, scrub
@@ -52,7 +54,7 @@ def run(cfg: RunConfig, target: Target | Server | None = None,
         ready: Callable[[], Awaitable[int]] | None = None) -> dict:
     """Run synchronously (own event loop; uvloop when installed). Returns the summary.
     `target`: the server, running (a Target) or started here and stopped after the run (a
-    Server, e.g. targets.embedded.EmbeddedSim); default: the server at cfg.base_url.
+    Server, from targets.open.open_server); default: the server at cfg.base_url.
     `ready` (one process, no workers): awaited once everything is built, it returns the
     perf_counter_ns instant to start at (e.g. A/B sides starting together)."""
     if cfg.output_dir is None:  # fixed once, so every check and write sees the same path
@@ -62,7 +64,7 @@ def run(cfg: RunConfig, target: Target | Server | None = None,
         if cfg.base_url is None:
             raise InputError("command line", "no server to measure: give --base-url",
                              field="--base-url")
-        target = UrlServer(cfg.base_url)
+        target = open_server(UrlChoice(cfg.base_url))
     # the directory is this run's from here to its end (rundir.RunDir.claim): a second run
     # into it refuses, `agentx report` leaves it alone; a start that fails or is interrupted
     # before any record leaves no folder

@@ -42,7 +42,7 @@ def _cfg(tmp_path: Path, trace: Path, **kw) -> tuple[RunConfig, EmbeddedSim]:
                 drain_timeout_s=10.0)
     base.update(kw)
     cfg = RunConfig(**base)
-    return cfg, EmbeddedSim.for_run(cfg, sim)
+    return cfg, EmbeddedSim(sim, api_key=cfg.secret_key(), pin=cfg.golden_al)
 
 
 def test_lanes_bound_sessions_and_requests(tmp_path):

@@ -26,7 +26,7 @@ from ..lifeline import spawn_python
 from .config import SimConfig
 
 
-class EmbeddedSim:
+class SimThread:
     """Handle of a running in-process simulator."""
 
     def __init__(self, cfg: SimConfig) -> None:
@@ -65,7 +65,7 @@ class EmbeddedSim:
         finally:
             self._loop.close()
 
-    def start(self, timeout: float = 30.0) -> "EmbeddedSim":
+    def start(self, timeout: float = 30.0) -> "SimThread":
         self._thread.start()
         if not self._ready.wait(timeout):
             raise RuntimeError("embedded simulator did not start in time")
@@ -85,21 +85,21 @@ class EmbeddedSim:
                 pass
             self._thread.join(timeout)
 
-    def __enter__(self) -> "EmbeddedSim":
+    def __enter__(self) -> "SimThread":
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
 
-def start_in_thread(cfg: SimConfig) -> EmbeddedSim:
+def start_in_thread(cfg: SimConfig) -> SimThread:
     """Start a simulator on 127.0.0.1 and a free port (cfg.host/port are overridden)."""
     cfg = cfg.model_copy(update={"host": "127.0.0.1", "port": 0})
-    return EmbeddedSim(cfg).start()
+    return SimThread(cfg).start()
 
 
 class SimProcess:
-    """Handle of a simulator running in a child process (same interface as EmbeddedSim).
+    """Handle of a simulator running in a child process (same interface as SimThread).
 
     A plain `python -c` child, not multiprocessing: nothing re-imports the caller's main
     module, so a script calling `agentx.run.run()` needs no `__main__` guard. The config goes

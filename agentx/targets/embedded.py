@@ -4,7 +4,6 @@ loopback port (its own child process, agentx.sim.embedded.SimProcess), what `age
 `--sim-<option>` flags); the run's API key and golden pin are applied on top."""
 from __future__ import annotations
 
-from ..config import RunConfig
 from ..errors import InputError
 from ..golden import GoldenPin
 from ..sim.config import SimConfig
@@ -43,11 +42,6 @@ class EmbeddedSim(Server):
         self.options, self.api_key, self.pin = opts, api_key, pin
         self.start_timeout_s = start_timeout_s
         self.proc: SimProcess | None = None
-
-    @classmethod
-    def for_run(cls, cfg: RunConfig, options: SimConfig | dict | None = None) -> EmbeddedSim:
-        """The simulator a run without --base-url measures: it takes the run's key and pin."""
-        return cls(options, api_key=cfg.secret_key(), pin=cfg.golden_al)
 
     def start(self) -> Target:
         self.stop()

@@ -20,7 +20,7 @@ from agentx.metrics.definitions import acceptance_length, chunk_spec_counts
 from agentx.recipe.load import load_recipe
 from agentx.recipe.simargs import sim_options
 from agentx.sim.config import SimConfig
-from agentx.sim.embedded import start_in_process
+from agentx.targets.embedded import start_in_process
 
 SIM = ["--recipe", "tiny-cpu", "--sim", "--sim-time-scale", "20", "--max-tokens", "64"]
 KEY = "${AGENTX_TINY_ASSETS}/eagle3"  # tiny-cpu's golden key: its draft, as written

@@ -74,7 +74,7 @@ def test_an_actor_that_fails_while_starting_does_not_hold_the_others(tmp_path, r
     from agentx.engine.drive import DriveSpec
     from agentx.engine.ray_pool import RayPool
     from agentx.sim.config import SimConfig
-    from agentx.sim.embedded import start_in_process
+    from agentx.targets.embedded import start_in_process
 
     sim = start_in_process(SimConfig(port=0, profile="cpu-tiny", fixed_ttft_ms=20, fixed_itl_ms=5))
     try:

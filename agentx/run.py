@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from . import __version__, aio
+from .cache_theory.tiers import resolve as resolve_tier
+from .cache_theory.tiers import theory_band, tier_theory
 from .client.config import basic_auth, without_credentials
 from .client.http import ClientConfig, first_model, make_session, probe_error, server_version
 from .config import RunConfig, default_output_dir
@@ -29,17 +31,15 @@ from .metrics.arrivals import arrival_summary
 from .metrics.concurrency import concurrency_block
 from .metrics.cost import cost_block
 from .metrics.goodput import goodput
-from .metrics.gpu import energy_block
 from .metrics.outages import outages
-from .metrics.server_metrics import kv_pool
 from .metrics.summary import dist, summarize
-from .metrics.tiers import resolve as resolve_tier
-from .metrics.tiers import theory_band, tier_theory
 from .metrics.window import Window, delivered, headline, measurement_window, server_throughput
 from .plan import split_count, trace_times
 from .prompt.token_model import TokenModel, builtin_model, hf_model
 from .report.sessions import write_session_files
 from .rundir import RunDir, merge_record_files, read_jsonl, write_json
+from .scrape.gpu import energy_block
+from .scrape.server_metrics import kv_pool
 from .targets.base import Server, Target
 from .targets.choice import UrlChoice
 from .targets.open import open_server
@@ -329,7 +329,7 @@ def _scraper(base_url: str, interval: float, headers: dict, out_path: Path,
     appended to `out_path` (metrics.jsonl) as it is taken."""
     if interval <= 0:
         return None
-    from .metrics.scrape_process import ScraperProcess
+    from .scrape.process import ScraperProcess
 
     auth = {k: v for k, v in headers.items() if k == "Authorization"}
     return ScraperProcess(base_url.rstrip("/") + "/metrics", interval_s=interval, headers=auth,
@@ -339,7 +339,7 @@ def _scraper(base_url: str, interval: float, headers: dict, out_path: Path,
 
 def _gpu_sampler(cfg: RunConfig, base_url: str, out_path: Path):
     """NVML sampling of this machine's GPUs at the scrape cadence, or why not (a str)."""
-    from .metrics.gpu import GpuSampler, say_once, server_on_this_host
+    from .scrape.gpu import GpuSampler, say_once, server_on_this_host
 
     if cfg.scrape_interval_s <= 0:
         return "--scrape-interval 0 turns sampling off"
@@ -440,7 +440,7 @@ def max_overlap(intervals: list[tuple[int, int]]) -> int:
 
 def _validate(cfg: RunConfig, s: dict) -> dict:
     from .metrics.client_bound import client_bound
-    from .metrics.validate import Expectations, validate
+    from .verdict.validate import Expectations, validate
 
     extra = [s["stop_reason"]] if s["stop_reason"].startswith(("error", "aborted")) else []
     bound, warnings = client_bound(s["client"], (s.get("itl_ms") or {}).get("p50"),

@@ -68,7 +68,7 @@ class RunDir:
     MANIFEST = ".agentx-files"
     LOCK = ".agentx-lock"  # held (flock) by the live run that owns the directory
     LATENCY_CDF, SERVER_TIMESERIES = "latency_cdf.png", "server_timeseries.png"  # report plots
-    GPU_POWER = "gpu_power.png"  # report plot of the NVML samples (metrics/gpu.py)
+    GPU_POWER = "gpu_power.png"  # report plot of the NVML samples (scrape/gpu.py)
     # per-session rows, per-turn bins and their plot (metrics/sessions.py, report/sessions.py)
     SESSIONS_CSV, TURNS_CSV, PER_TURN = "sessions.csv", "turns.csv", "per_turn.png"
     CALIBRATION = "calibration.json"  # `agentx calibrate`'s result, in its own directory

@@ -40,6 +40,48 @@ def test_every_top_level_part_has_a_layer(graph):
     assert sorted(graph.find_children("agentx") - named) == []
 
 
+def contract_layers() -> list[set[str]]:
+    """The first contract's layers, top first, each a set of sibling parts."""
+    text = (REPO / "pyproject.toml").read_text()
+    contract = text[text.index("layers = [", text.index("[tool.importlinter]")):]
+    lines = re.findall(r'^\s*"([^"]+)",$', contract[:contract.index("\n]\n")], re.M)
+    return [set(re.split(r"\s*[|:]\s*", line)) for line in lines]
+
+
+def package_edges(graph: grimp.ImportGraph) -> dict[str, set[str]]:
+    """Top-level part -> the top-level parts it imports."""
+    def top(m: str) -> str:
+        return ".".join(m.split(".")[:2])
+
+    edges: dict[str, set[str]] = defaultdict(set)
+    for m in graph.modules:
+        for i in graph.find_modules_directly_imported_by(m):
+            if m != "agentx" and i != "agentx" and top(m) != top(i):
+                edges[top(m)].add(top(i))
+    return edges
+
+
+# entry points sit on top by convention: the CLI imports a command's module by name when dispatched
+ENTRY = {"agentx.__main__", "agentx.cli"}
+
+
+def test_each_part_sits_as_low_as_its_imports_allow(graph):
+    """The layers are a graph, not a needless line: a part whose imports all lie two or more
+    layers down could sit lower, beside the parts it does not import. Each part (entry points
+    aside) imports something in the layer right below its own."""
+    layers = contract_layers()
+    edges = package_edges(graph)
+    at = {part: n for n, layer in enumerate(layers) for part in layer}
+    loose = []
+    for n, layer in enumerate(layers[:-1]):
+        for part in sorted(layer - ENTRY):
+            if not edges[part] & layers[n + 1]:
+                nearest = min((at[i] for i in edges[part] if i in at), default=len(layers))
+                loose.append(f"{part}: all its imports lie in layer {nearest} or lower; it may "
+                             f"sit at layer {nearest - 1}, not {n} (0 = top)")
+    assert not loose, "\n".join(loose)
+
+
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one node (Tarjan, iterative)."""
     index: dict[str, int] = {}
@@ -96,15 +138,7 @@ def explain(graph: grimp.ImportGraph, comp: list[str], as_packages: bool) -> str
 
 def test_no_cycle_between_top_level_packages(graph):
     tops = sorted(graph.find_children("agentx"))
-
-    def top(m: str) -> str:
-        return ".".join(m.split(".")[:2])
-
-    edges: dict[str, set[str]] = defaultdict(set)
-    for m in graph.modules:
-        for i in graph.find_modules_directly_imported_by(m):
-            if m != "agentx" and i != "agentx" and top(m) != top(i):
-                edges[top(m)].add(top(i))
+    edges = package_edges(graph)
     found = cycles({t: edges[t] for t in tops})
     assert not found, "\n".join(explain(graph, c, True) for c in found)
 

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 from agentx import offload
+from agentx.cache_theory.tiers import offload_tier
 from agentx.errors import InputError
-from agentx.metrics import server_metrics
-from agentx.metrics.prom import parse_metrics
-from agentx.metrics.tiers import offload_tier
 from agentx.offload import LMCache, Mooncake, SimpleCPU, dram
 from agentx.recipe.load import load_recipe
 from agentx.recipe.render import render
 from agentx.recipe.schema import Recipe
 from agentx.recipe.simargs import sim_options
+from agentx.scrape import server_metrics
+from agentx.scrape.prom import parse_metrics
 from agentx.sim.build import build_engine
 from agentx.sim.config import SimConfig
 from agentx.sim.offload import OffloadTier
@@ -173,7 +173,7 @@ def test_validation_takes_an_lmcache_tiers_store_mode_from_its_connector():
     """vLLM 0.32 with LMCache names no connector on /metrics (kv_offloading_backend "native",
     num_cpu_blocks "None"): the size comes from the recipe, the store mode from the connector
     the recipe launched; what the server says wins."""
-    from agentx.metrics.tiers import resolve
+    from agentx.cache_theory.tiers import resolve
     real = parse_metrics('# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{'
                          'block_size="16",engine="0",kv_offloading_backend="native",'
                          'num_cpu_blocks="None",num_gpu_blocks="1000"} 1.0\n')

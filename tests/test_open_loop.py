@@ -243,7 +243,7 @@ def test_overloaded_open_loop_is_not_pass(cli, tmp_path):
 def test_load_delivered_rule_allows_poisson_noise():
     """The check's arithmetic: 3 sigma below rate x span fails, within it passes; a closed
     loop is skipped."""
-    from agentx.metrics.validate import Expectations, _load_delivered
+    from agentx.verdict.validate import Expectations, _load_delivered
 
     def arr(started: int, waited: int = 0) -> dict:
         return {"arrivals": {"span_s": 100.0, "session_rate": 1.0, "sessions_arrived": 100,

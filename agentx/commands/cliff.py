@@ -1,6 +1,6 @@
 """`agentx cliff`: the cache-cliff planner. For a trace and a server's KV pool (and offload
 tier), the predicted prefix-cache hit rate per tier at each lane count and the lane count
-where each tier's hits collapse (agentx/metrics/cliff.py); a table, cliff.json and cliff.png.
+where each tier's hits collapse (agentx/cache_theory/cliff.py); a table, cliff.json and cliff.png.
 `--verify` runs the lane counts on either side of each cliff on the embedded simulator with
 the same sizes and overlays the measured hit rates.
 
@@ -77,7 +77,7 @@ def sizes(o: CliffOptions, sim: SimConfig) -> tuple[int, int | None, bool]:
 
 
 def run(o: CliffOptions, sim: SimConfig) -> int:
-    from ..metrics.cliff import Replay, cliffs, predict
+    from ..cache_theory.cliff import Replay, cliffs, predict
     from ..report.console import make_console
     from ..rundir import default_dir, trace_label, write_json
     from ..trace.load import load_traces

@@ -3,7 +3,7 @@
 Each entry names a run's records and summary and the vLLM server flags its README states (speculative
 decoding, forced pool size, offload connector); the pool size itself is the one the run's summary
 recorded. `keys()` re-derives every request's KV block identities from the trace (as
-agentx.metrics.tiers does for the client's cache model), so a replay can let the simulator's own
+agentx.cache_theory.tiers does for the client's cache model), so a replay can let the simulator's own
 prefix cache decide hits where the pool is far smaller than the working set. `jittered()` gives
 the send times of one replay of an ensemble (bench/sim_vs_real.py --replays).
 """

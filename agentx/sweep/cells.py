@@ -11,9 +11,9 @@ from pydantic import ValidationError
 from ..config import RunConfig
 from ..errors import InputError
 from ..options import input_error
-from ..recipe.inferencex import export_cell
 from ..recipe.render import golden_pin
 from ..recipe.schema import Recipe, spec_k
+from ..report.inferencex import export_cell
 from ..rundir import RunDir, write_json
 from .config import SweepConfig
 

@@ -3,7 +3,7 @@
 InferenceX (github.com/SemiAnalysisAI/InferenceX at 843c6254ff69b567f772f6a5fd97675af3d04431)
 runs AIPerf for this scenario and turns its `aiperf_artifacts/` into the aggregate its
 dashboard ingests with `utils/agentic/aggregation/process_agentic_result.py` (`build_agg`). A
-cell gets both: `aiperf_artifacts/` (report/aiperf_export.py), which that script reads as it
+cell gets both: `aiperf_artifacts/` (aiperf_export.py), which that script reads as it
 reads an AIPerf run's, and `inferencex.json`, the aggregate itself with every key `build_agg`
 writes for a single-node run. summary.json takes the same keys except `server_metrics` (agentx's
 own block, which its reports read). docs/inferencex.md has the field table with source lines.
@@ -21,11 +21,11 @@ from pathlib import Path
 
 import orjson
 
-from ..report import aiperf_export as ax
-from ..report import inferencex_metrics as ixm
+from ..recipe.render import expand, tier
+from ..recipe.schema import Point, Recipe
 from ..rundir import RunDir, read_jsonl, write_json
-from .render import expand, tier
-from .schema import Point, Recipe
+from . import aiperf_export as ax
+from . import inferencex_metrics as ixm
 
 SCENARIO = "agentic-coding"
 FILE = "inferencex.json"  # InferenceX's $RESULT_FILENAME.json for this cell

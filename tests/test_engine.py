@@ -20,8 +20,9 @@ import orjson
 import pytest
 
 from agentx.records import read_records
-from agentx.run import RunConfig, max_overlap, run
+from agentx.run import RunConfig, run
 from agentx.targets.embedded import EmbeddedSim
+from agentx.verdict.run_summary import max_overlap
 from helpers import write_trace
 
 REPO = Path(__file__).resolve().parents[1]

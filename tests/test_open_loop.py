@@ -14,9 +14,10 @@ import pytest
 
 from agentx.config import RunConfig, default_output_dir
 from agentx.plan import poisson_times
-from agentx.run import max_overlap, run
+from agentx.run import run
 from agentx.rundir import read_jsonl
 from agentx.targets.embedded import EmbeddedSim
+from agentx.verdict.run_summary import max_overlap
 from helpers import write_trace
 
 REPO = Path(__file__).resolve().parents[1]

@@ -25,9 +25,9 @@ from ..records import read_records
 from ..run import run
 from ..rundir import RunDir
 from ..targets.base import Target
+from .config import ABConfig, default_ab_dir
 from .sides import Side, open_side
-from .spec import ABConfig, default_ab_dir
-from .stats import ab_metrics, compare, point, side_data, too_thin
+from .stats import ab_metrics, compare, point_estimates, side_data, too_thin
 
 AB_JSON = "ab.json"
 
@@ -131,7 +131,7 @@ def _document(cfg: ABConfig, out: Path, sides: dict[str, Side],
                                sum(r["throughput"]["window_s"] for r in runs),
                                runs=[i for i, recs in enumerate(per) for _ in recs])
         # each repeat alone: the run-to-run spread the two-stage bootstrap accounts for
-        by_run[name] = [point(side_data(recs, r["throughput"]["window_s"])) if measured(recs)
+        by_run[name] = [point_estimates(side_data(recs, r["throughput"]["window_s"])) if measured(recs)
                         else None for recs, r in zip(per, runs)]
     metrics = compare(data["a"], data["b"], replicates=cfg.bootstrap, seed=cfg.seed,
                       min_sessions=cfg.min_sessions, min_requests=cfg.min_samples,

@@ -16,7 +16,7 @@ from ..targets.base import Server, Target
 from ..targets.choice import RecipeChoice, ServerChoice, UrlChoice
 from ..targets.embedded import NOT_OPTIONS
 from ..targets.open import open_server
-from .spec import ABConfig
+from .config import ABConfig
 
 
 @dataclass

@@ -16,16 +16,16 @@ from pathlib import Path
 
 import orjson
 
-from ..prompt.synth import Conversation, SynthConfig
-from ..prompt.token_model import builtin_model
-from ..rundir import read_jsonl
-from ..trace.model import Turn
-from .config import SimConfig
+from agentx.prompt.synth import Conversation, SynthConfig
+from agentx.prompt.token_model import builtin_model
+from agentx.rundir import read_jsonl
+from agentx.sim.config import SimConfig
+from agentx.trace.model import Turn
 
 PROFILE = "h200-qwen3-8b-bf16"
 # the runs ship with the repository, not the package: found from this file in a checkout (or an
 # editable install of one), whatever the working directory
-DATA = Path(__file__).resolve().parents[2] / "tests" / "data"
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 
 
 @dataclass

@@ -22,7 +22,7 @@ from .cache_theory.tiers import resolve as resolve_tier
 from .cache_theory.tiers import theory_band, tier_theory
 from .client.config import basic_auth, without_credentials
 from .client.http import ClientConfig, first_model, make_session, probe_error, server_version
-from .config import RunConfig, default_output_dir
+from .config import RunConfig, run_dir
 from .engine.drive import DriveResult, DriveSpec, drive, split_lanes
 from .engine.lanes import Engine
 from .engine.workers import WorkerPool, auto_workers, usable_cores, worker_name
@@ -56,7 +56,7 @@ def run(cfg: RunConfig, target: Target | Server | None = None,
     `ready` (one process, no workers): awaited once everything is built, it returns the
     perf_counter_ns instant to start at (e.g. A/B sides starting together)."""
     if cfg.output_dir is None:  # fixed once, so every check and write sees the same path
-        cfg = cfg.model_copy(update={"output_dir": str(default_output_dir(cfg))})
+        cfg = cfg.model_copy(update={"output_dir": str(run_dir(cfg).path)})
     RunDir(cfg.output_dir).check(cfg.overwrite)  # before a server starts
     if target is None:
         if cfg.base_url is None:
@@ -86,7 +86,7 @@ async def run_async(cfg: RunConfig, target: Target,
     traces = load_traces(cfg.trace)  # parse errors surface here, before any traffic
     if cfg.arrival_mode() == "trace":
         trace_times(traces)  # a trace without session start times fails here
-    out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
+    out = run_dir(cfg).path
     run_salt = secrets.token_hex(8)
     run_ns = f"seed{cfg.seed}" if cfg.warm_cache else run_salt
     # one Authorization on every request: --api-key (Bearer), else the URL's user:password

@@ -13,7 +13,7 @@ from ..config import SecondsOrAuto
 from ..metrics.cost import CostOption
 from ..metrics.percentiles import PercentilesOption
 from ..options import add_arguments, from_args, opt
-from ..rundir import default_dir
+from ..rundir import SweepDir
 from .recipe import Launch
 
 if TYPE_CHECKING:  # agentx.sweep is imported when a sweep runs, not for --help
@@ -132,7 +132,7 @@ def run(o: SweepCommand) -> int:
         recipe, path = load_recipe(o.recipe)
     else:  # --base-url and --conc: no recipe to read (url_recipe)
         recipe, path = url_recipe(o.conc or []), Path.cwd() / "(no recipe)"
-    out = Path(o.output_dir) if o.output_dir else default_dir(recipe.name, kind="sweep")
+    out = SweepDir.at(o.output_dir, recipe.name).path
     search = o.search_spec()
     run_opts = o.overrides() if search is None else {**o.overrides(), "slo": search.slo}
     opts = SweepOptions(output_dir=out, base_url=o.base_url, sim=o.sim, points=o.points,
@@ -143,7 +143,7 @@ def run(o: SweepCommand) -> int:
     failed = [c for c in cells if c.status == "failed"]
     if failed:
         print(f"agentx sweep: {len(failed)} of {len(cells)} cell(s) failed (see "
-              f"{out / 'sweep.json'})", file=sys.stderr)
+              f"{out / SweepDir.JSON})", file=sys.stderr)
     if failed:
         return 1
     # as `agentx run`: --validate strict (the default) exits 3 on nothing decided, warn does not

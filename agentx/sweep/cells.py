@@ -14,10 +14,10 @@ from ..options import input_error
 from ..recipe.render import golden_pin
 from ..recipe.schema import Recipe, spec_k
 from ..report.inferencex import export_cell
-from ..rundir import RunDir, write_json
+from ..rundir import RunDir, SweepDir, write_json
 from .search import SearchSpec
 
-SWEEP_JSON, SUMMARY = "sweep.json", RunDir.SUMMARY
+SWEEP_JSON, SUMMARY = SweepDir.JSON, RunDir.SUMMARY
 URL_SWEEP = "url"  # the name of the one-point recipe of a sweep given only --base-url
 LENGTHENED = "search_lengthened"  # label of a cell the search reran longer
 
@@ -80,7 +80,7 @@ def point_indices(recipe: Recipe, opts: SweepOptions) -> list[int]:
 
 def make_cell(recipe: Recipe, opts: SweepOptions, point: int, conc: int) -> Cell:
     label = recipe.points[point].label(point)
-    return Cell(point, label, conc, opts.output_dir / label / f"c{conc}")
+    return Cell(point, label, conc, SweepDir(opts.output_dir).cell(label, conc))
 
 
 def plan(recipe: Recipe, opts: SweepOptions) -> list[Cell]:

@@ -23,8 +23,7 @@ from rich.console import Console
 
 from ..errors import InputError
 from ..recipe.schema import Recipe
-from ..report.runs import PARETO_PNG
-from ..rundir import write_json
+from ..rundir import SweepDir, write_json
 from .cells import (
     SUMMARY,
     SWEEP_JSON,
@@ -103,9 +102,7 @@ def sweep(recipe: Recipe, path: Path, opts: SweepOptions) -> list[Cell]:
     from rich import progress as rp
 
     out = opts.output_dir
-    if (out / SWEEP_JSON).exists() and not opts.resume:
-        raise InputError(str(out), f"holds a sweep already ({SWEEP_JSON}): give --resume to "
-                         "finish it, or another --output-dir", field="--output-dir")
+    SweepDir(out).check(opts.resume)
     spec = opts.search
     cells = plan(recipe, opts)
     bounds = {i: search_bounds(recipe, opts, i) for i in point_indices(recipe, opts)} \
@@ -120,7 +117,7 @@ def sweep(recipe: Recipe, path: Path, opts: SweepOptions) -> list[Cell]:
     what = f"{len(cells)} cell(s)" if spec is None else \
         f"SLO search over {len(bounds)} point(s), at most {spec.max_cells} cell(s) each"
     console.print(f"agentx sweep {recipe.name}: {what} into {out}; serving with {why}")
-    out.mkdir(parents=True, exist_ok=True)
+    SweepDir(out).create(opts.resume).register(SWEEP_JSON)
     servers = PointServers(recipe, path, backend, opts, lambda m: console.print(f"  {m}"))
     columns = (rp.TextColumn("{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn(),
                rp.TimeElapsedColumn())
@@ -163,8 +160,8 @@ def sweep(recipe: Recipe, path: Path, opts: SweepOptions) -> list[Cell]:
     finally:
         servers.stop()
     report(cells, out)
-    if searched is not None and (out / PARETO_PNG).exists():
-        searched["marked_on"] = PARETO_PNG  # the answers are starred there
+    if searched is not None and (out / SweepDir.PARETO).exists():
+        searched["marked_on"] = SweepDir.PARETO  # the answers are starred there
         write_record(out / SWEEP_JSON, recipe, backend, why, cells, searched)
     return cells
 

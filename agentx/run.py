@@ -25,7 +25,7 @@ from . import __version__, aio
 from .cache_theory.tiers import resolve as resolve_tier
 from .client.config import ClientConfig
 from .client.probe import ServerFacts, credentials, probe_server
-from .config import RunConfig, default_output_dir
+from .config import RunConfig, run_dir
 from .engine.drive import DriveShare, workload_of
 from .engine.lanes_run import Driven, Progress, drive_lanes, merge_workers, shares, worker_count
 from .errors import InputError, OutputError, RunLost
@@ -49,7 +49,7 @@ def run(cfg: RunConfig, target: Target | Server | None = None,
     `ready` (one process, no workers): awaited once everything is built, it returns the
     perf_counter_ns instant to start at (e.g. A/B sides starting together)."""
     if cfg.output_dir is None:  # fixed once, so every check and write sees the same path
-        cfg = cfg.model_copy(update={"output_dir": str(default_output_dir(cfg))})
+        cfg = cfg.model_copy(update={"output_dir": str(run_dir(cfg).path)})
     RunDir(cfg.output_dir).check(cfg.overwrite)  # before a server starts
     if target is None:
         if cfg.base_url is None:

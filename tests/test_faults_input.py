@@ -296,8 +296,8 @@ async def test_other_clients_are_served_while_a_huge_request_arrives(sim_proc, k
 async def test_big_legit_request_tokenized_on_the_worker_counts_the_same(sim_proc):
     """A body over the inline limit goes to the worker thread's encoder; its token count is
     the one the client's own tokenizer gives (and /tokenize's)."""
-    from agentx.prompt.tokenizer import BuiltinTokenizer
-    from agentx.prompt.words import WORDS
+    from agentx.tokens.tokenizer import BuiltinTokenizer
+    from agentx.tokens.words import WORDS
 
     tok = BuiltinTokenizer(WORDS)
     rng = random.Random(7)
@@ -318,9 +318,9 @@ async def test_big_legit_request_tokenized_on_the_worker_counts_the_same(sim_pro
 
 def test_piece_tokenizer_gives_the_same_ids():
     """Cutting a long text before whitespace or `<` never changes its tokens."""
-    from agentx.prompt.tokenizer import BuiltinTokenizer
-    from agentx.prompt.words import WORDS
     from agentx.sim import parse
+    from agentx.tokens.tokenizer import BuiltinTokenizer
+    from agentx.tokens.words import WORDS
 
     tok = BuiltinTokenizer(WORDS)
     rng = random.Random(3)

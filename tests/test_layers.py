@@ -19,10 +19,28 @@ LINT = ("import sys; from importlinter.cli import lint_imports; "
         "sys.exit(lint_imports(config_filename='pyproject.toml', no_cache=True, no_logo=True))")
 
 
+# The simulator (server side) and the client side are independent: neither imports the other,
+# even indirectly, and both stand on this shared base, which imports nothing but itself.
+SIM = "agentx.sim"
+SHARED_BASE = {"agentx.errors", "agentx.aio", "agentx.options", "agentx.yamlconf",
+               "agentx.lifeline", "agentx.offload", "agentx.vllm_names", "agentx.tokens",
+               "agentx.dist", "agentx.rundir", "agentx.urls", "agentx.shipped"}
+# the parts that bring the two sides together (a target is a simulator or a URL; a recipe
+# renders vLLM's or the simulator's arguments); every other part is on the client side
+ABOVE_BOTH = {"agentx.__main__", "agentx.cli", "agentx.commands", "agentx.ab", "agentx.sweep",
+              "agentx.calibrate", "agentx.run", "agentx.targets", "agentx.recipe"}
+
+
 @pytest.fixture(scope="module")
 def graph() -> grimp.ImportGraph:
     # imports under `if TYPE_CHECKING:` do not run; the contract ignores them too
     return grimp.build_graph("agentx", exclude_type_checking_imports=True, cache_dir=None)
+
+
+@pytest.fixture(scope="module")
+def graph_typed() -> grimp.ImportGraph:
+    """With the imports under `if TYPE_CHECKING:`: a type-only circle is a circle for a reader."""
+    return grimp.build_graph("agentx", exclude_type_checking_imports=False, cache_dir=None)
 
 
 def test_layers_contract_is_kept():
@@ -143,7 +161,29 @@ def test_no_cycle_between_top_level_packages(graph):
     assert not found, "\n".join(explain(graph, c, True) for c in found)
 
 
-def test_no_cycle_between_modules(graph):
-    edges = {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
+def test_no_cycle_between_modules(graph_typed):
+    """No import circle anywhere, inside a package (sim/ included) or between two, counting the
+    imports made only for type checking and those inside functions."""
+    g = graph_typed
+    edges = {m: set(g.find_modules_directly_imported_by(m)) for m in g.modules}
     found = cycles(edges)
-    assert not found, "\n".join(explain(graph, c, False) for c in found)
+    assert not found, "\n".join(explain(g, c, False) for c in found)
+
+
+def test_simulator_and_client_side_are_independent(graph):
+    """An independence contract on a shared base (as import-linter's `independence`, which
+    cannot say "a package against a group"): the simulator reaches no part outside itself and
+    the shared base, no client-side part reaches the simulator, and the base reaches nothing
+    above it. A failure names the import chain."""
+    tops = graph.find_children("agentx")
+    assert SIM in tops and SHARED_BASE <= tops and ABOVE_BOTH <= tops
+    client = tops - SHARED_BASE - ABOVE_BOTH - {SIM}
+    pairs = [(SIM, p) for p in tops - SHARED_BASE - {SIM}]
+    pairs += [(p, SIM) for p in client]
+    pairs += [(b, p) for b in SHARED_BASE for p in tops - SHARED_BASE]
+    broken = []
+    for a, b in sorted(pairs):
+        chain = graph.find_shortest_chain(a, b, as_packages=True)
+        if chain:
+            broken.append(f"{a} must not import {b}: {' -> '.join(chain)}")
+    assert not broken, "\n".join(broken)

@@ -5,6 +5,7 @@ command, the simulator models its chunked tier, and the tier model reads its sto
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,19 @@ def test_registry_lists_each_connector_once_with_its_vllm_name():
     assert offload.by_vllm_name("native") is None
     with pytest.raises(KeyError, match="known: none, simple-cpu, mooncake, lmcache"):
         offload.connector("lmcache2")
+
+
+def test_no_switch_on_the_none_kind_outside_the_registry():
+    """Whether a tier exists is the connector's `enabled`, its InferenceX name its
+    `inferencex_name`: no module outside agentx/offload/ compares a kind with "none"."""
+    root = Path(offload.__file__).parents[1]
+    switch = re.compile(r"""(offload\w*|kind)\s*[!=]=\s*["']none["']|["']none["']\s*[!=]=\s*\w*(offload|kind)""")
+    found = [f"{f.relative_to(root.parent)}:{n}: {line.strip()}"
+             for f in sorted(root.rglob("*.py")) if "offload" not in f.relative_to(root).parts[:1]
+             for n, line in enumerate(f.read_text().splitlines(), 1) if switch.search(line)]
+    assert not found, "\n".join(found)
+    assert [c.enabled for c in offload.CONNECTORS] == [False, True, True, True]
+    assert [c.inferencex_name for c in offload.CONNECTORS[1:]] == ["vllm-simple", "mooncake", "lmcache"]
 
 
 def test_store_policies_are_the_connectors():

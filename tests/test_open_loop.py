@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agentx.config import RunConfig, default_output_dir
+from agentx.config import RunConfig, run_dir
 from agentx.plan import poisson_times
 from agentx.run import run
 from agentx.rundir import read_jsonl
@@ -202,7 +202,7 @@ def test_default_output_dir_names_the_load(cli, tmp_path, monkeypatch):
     assert (tmp_path / "results" / made[0] / "summary.json").is_file()
     label = made[0].rsplit("-", 1)[0].split("-", 2)[-1]  # the trace's part of the name
     for extra, load in ((dict(session_rate=0.5), "r0.5"), (dict(arrivals="trace"), "arrivals")):
-        name = default_output_dir(RunConfig(trace=str(trace), **extra)).name
+        name = run_dir(RunConfig(trace=str(trace), **extra)).path.name
         assert name.endswith(f"-{label}-{load}"), (extra, name)
 
 

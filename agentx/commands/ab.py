@@ -32,11 +32,12 @@ def main(args: argparse.Namespace) -> int:
 
 def run(cfg: ABConfig) -> int:
     from ..ab.report import print_ab
-    from ..ab.run import AB_JSON, run_ab
+    from ..ab.run import run_ab
+    from ..rundir import ABDir
 
     doc = run_ab(cfg)
     print_ab(doc)
-    print(f"results: {doc['output_dir']}/{AB_JSON}, {doc['plot']}")
+    print(f"results: {doc['output_dir']}/{ABDir.JSON}, {doc['plot']}")
     if cfg.validation == "strict" and all(m["verdict"] == "insufficient"
                                           for m in doc["metrics"].values()):
         # nothing decided: exit as `agentx run` does on an insufficient verdict (warn: 0)

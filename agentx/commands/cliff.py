@@ -79,7 +79,7 @@ def sizes(o: CliffOptions, sim: SimConfig) -> tuple[int, int | None, bool]:
 def run(o: CliffOptions, sim: SimConfig) -> int:
     from ..cache_theory.cliff import Replay, cliffs, predict
     from ..report.console import make_console
-    from ..rundir import default_dir, trace_label, write_json
+    from ..rundir import CliffDir, trace_label
     from ..trace.load import load_traces
 
     console = make_console()
@@ -91,22 +91,22 @@ def run(o: CliffOptions, sim: SimConfig) -> int:
                     context_scale=o.context_scale, shared_prefix=o.shared_prefix)
     points = [predict(traces, n, pool, tier, eager, replay) for n in sorted(set(o.lanes))]
     found = cliffs(points)
-    out = Path(o.output_dir) if o.output_dir else default_dir(trace_label(o.trace),
-                                                              kind="cliff")
-    out.mkdir(parents=True, exist_ok=True)
+    folder = CliffDir.at(o.output_dir, trace_label(o.trace)).create()
+    out = folder.path
     if o.pool_tokens:  # the simulator of --verify gets the pool that was predicted for
         sim = sim.model_copy(update={"kv_pool_tokens": o.pool_tokens})
     measured = _verify(o, sim, found, out) if o.verify else []
     doc = {"trace": o.trace, "pool_tokens": pool, "offload_tokens": tier,
            "offload_eager": eager if tier else None, "replay": replay.__dict__,
            "points": points, "cliffs": found, "measured": measured}
-    write_json(out / "cliff.json", doc)
+    folder.write_json(CliffDir.JSON, doc)
     from ..report.cliff import cliff_plot, print_cliff
 
     print_cliff(doc, console)
     if o.plots:
-        console.print(f"plot: {cliff_plot(doc, out / 'cliff.png')}")
-    console.print(f"results: {out / 'cliff.json'}")
+        console.print(f"plot: {cliff_plot(doc, folder / CliffDir.PNG)}")
+        folder.register(CliffDir.PNG)
+    console.print(f"results: {folder / CliffDir.JSON}")
     return 0
 
 

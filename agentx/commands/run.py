@@ -66,10 +66,11 @@ def main(args: argparse.Namespace) -> int:
 def run(cfg: RunConfig, target: Server | None = None) -> int:
     from ..report.console import print_summary
     from ..run import run as run_once
+    from ..rundir import RunDir
 
     summary = run_once(cfg, target)
     print_summary(summary)
-    print(f"results: {summary['output_dir']}/summary.json, requests.jsonl")
+    print(f"results: {summary['output_dir']}/{RunDir.SUMMARY}, {RunDir.REQUESTS}")
     if summary.get("outages"):
         from ..metrics.outages import describe
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..options import add_arguments, from_args
-from ..rundir import default_dir
+from ..rundir import SweepDir
 from ..sweep.config import SweepConfig
 
 
@@ -31,14 +31,13 @@ def run(cfg: SweepConfig) -> int:
         recipe, path = load_recipe(cfg.recipe)
     else:  # --base-url and --conc: no recipe to read (url_recipe)
         recipe, path = url_recipe(cfg.conc or []), Path.cwd() / "(no recipe)"
-    if cfg.output_dir is None:  # fixed once: every cell's directory is under it
-        cfg = cfg.model_copy(update={"output_dir": str(default_dir(recipe.name, kind="sweep"))})
-    out = Path(str(cfg.output_dir))
+    out = SweepDir.at(cfg.output_dir, recipe.name).path  # fixed once: the cells are under it
+    cfg = cfg.model_copy(update={"output_dir": str(out)})
     cells = sweep(recipe, path, cfg)
     failed = [c for c in cells if c.status == "failed"]
     if failed:
         print(f"agentx sweep: {len(failed)} of {len(cells)} cell(s) failed (see "
-              f"{out / 'sweep.json'})", file=sys.stderr)
+              f"{out / SweepDir.JSON})", file=sys.stderr)
     if failed:
         return 1
     # as `agentx run`: --validate strict (the default) exits 3 on nothing decided, warn does not

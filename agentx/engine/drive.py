@@ -20,8 +20,8 @@ from ..prefix_cache import TieredCache
 from ..prompt.blocks import BlockFactory
 from ..prompt.synth import SynthConfig
 from ..prompt.token_model import TokenModel, builtin_model, hf_model
-from ..prompt.words import WORDS
 from ..records import RecordWriter
+from ..tokens.words import WORDS
 from ..trace.load import load_traces
 from ..trace.model import TraceSet
 from .lanes import Engine, EngineConfig

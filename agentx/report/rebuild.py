@@ -25,7 +25,7 @@ from ..scrape.prom import Snapshot
 from ..scrape.scraper import SERIES_KEYS
 
 REQUESTS, SUMMARY = RunDir.REQUESTS, RunDir.SUMMARY  # for the notes below
-KILLED = "killed: the run ended without writing summary.json; rebuilt from its records " \
+KILLED = f"killed: the run ended without writing {SUMMARY}; rebuilt from its records " \
          "by agentx report (window and config estimated, server series possibly partial)"
 
 
@@ -78,7 +78,7 @@ def find_runs(paths: list[str]) -> list[Path]:
             continue
         subs = sorted(d for d in p.iterdir() if d.is_dir() and RunDir(d).is_run())
         if not subs:
-            raise InputError(str(p), "holds no run (no summary.json or requests.jsonl in it "
+            raise InputError(str(p), f"holds no run (no {SUMMARY} or {REQUESTS} in it "
                              "or its subdirectories)", field="DIR")
         out.extend(subs)
     return out

@@ -14,10 +14,10 @@ from ..options import input_error
 from ..recipe.render import golden_pin
 from ..recipe.schema import Recipe, spec_k
 from ..report.inferencex import export_cell
-from ..rundir import RunDir, write_json
+from ..rundir import RunDir, SweepDir, write_json
 from .config import SweepConfig
 
-SWEEP_JSON, SUMMARY = "sweep.json", RunDir.SUMMARY
+SWEEP_JSON, SUMMARY = SweepDir.JSON, RunDir.SUMMARY
 URL_SWEEP = "url"  # the name of the one-point recipe of a sweep given only --base-url
 LENGTHENED = "search_lengthened"  # label of a cell the search reran longer
 
@@ -66,7 +66,7 @@ def point_indices(recipe: Recipe, cfg: SweepConfig) -> list[int]:
 
 def make_cell(recipe: Recipe, cfg: SweepConfig, point: int, conc: int) -> Cell:
     label = recipe.points[point].label(point)
-    return Cell(point, label, conc, Path(str(cfg.output_dir)) / label / f"c{conc}")
+    return Cell(point, label, conc, SweepDir(Path(str(cfg.output_dir))).cell(label, conc))
 
 
 def plan(recipe: Recipe, cfg: SweepConfig) -> list[Cell]:

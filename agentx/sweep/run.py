@@ -22,8 +22,7 @@ from rich.console import Console
 
 from ..errors import InputError
 from ..recipe.schema import Recipe
-from ..report.runs import PARETO_PNG
-from ..rundir import write_json
+from ..rundir import SweepDir, write_json
 from .cells import (
     SUMMARY,
     SWEEP_JSON,
@@ -112,9 +111,7 @@ def sweep(recipe: Recipe, path: Path, cfg: SweepConfig) -> list[Cell]:
     from rich import progress as rp
 
     out = Path(str(cfg.output_dir))
-    if (out / SWEEP_JSON).exists() and not cfg.resume:
-        raise InputError(str(out), f"holds a sweep already ({SWEEP_JSON}): give --resume to "
-                         "finish it, or another --output-dir", field="--output-dir")
+    SweepDir(out).check(cfg.resume)
     search = cfg.slo_search()
     cells = plan(recipe, cfg)
     bounds = {i: search_bounds(recipe, cfg, i) for i in point_indices(recipe, cfg)} \
@@ -130,7 +127,7 @@ def sweep(recipe: Recipe, path: Path, cfg: SweepConfig) -> list[Cell]:
     what = f"{len(cells)} cell(s)" if search is None else \
         f"SLO search over {len(bounds)} point(s), at most {search.max_cells} cell(s) each"
     console.print(f"agentx sweep {recipe.name}: {what} into {out}; serving with {why}")
-    out.mkdir(parents=True, exist_ok=True)
+    SweepDir(out).create(cfg.resume).register(SWEEP_JSON)
     servers = PointServers(recipe, path, choice, lambda m: console.print(f"  {m}"))
     columns = (rp.TextColumn("{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn(),
                rp.TimeElapsedColumn())
@@ -173,8 +170,8 @@ def sweep(recipe: Recipe, path: Path, cfg: SweepConfig) -> list[Cell]:
     finally:
         servers.stop()
     report(cells, out)
-    if searched is not None and (out / PARETO_PNG).exists():
-        searched["marked_on"] = PARETO_PNG  # the answers are starred there
+    if searched is not None and (out / SweepDir.PARETO).exists():
+        searched["marked_on"] = SweepDir.PARETO  # the answers are starred there
         write_record(out / SWEEP_JSON, recipe, kind, why, cells, searched)
     return cells
 

@@ -9,8 +9,8 @@ follows every call that receives the config object, or an object it was passed i
   or whose annotation names a tracked class; a name assigned a tracked value, the
   `model_copy` of one, or the result of a call whose return annotation names a tracked class.
   The tracked classes start as the command's config (`RunConfig`; `ABConfig` for ab) and grow:
-  a class constructed with a tracked value as an argument becomes tracked (`DriveSpec(run=cfg)`
-  makes every `DriveSpec` parameter a carrier of the config).
+  a class constructed with a tracked value as an argument becomes tracked (at aff7c4a,
+  `DriveSpec(run=cfg)` made every `DriveSpec` parameter a carrier of the config).
 - a counted call: a call site inside a walked function, resolved (through the module's
   imports, its own functions and classes, `self.` methods, `Class.method`, methods of a
   tracked value's class) to a function, method or class defined in agentx, with a tracked
@@ -336,7 +336,7 @@ class Walker:
                 ret = self.returns(*hit[:2])
                 if ret:
                     tracked, cls = True, ret
-        if isinstance(v, (ast.ListComp, ast.List)):  # [DriveSpec(run=cfg) ...]
+        if isinstance(v, (ast.ListComp, ast.List)):  # [Share(run=cfg) for ...]
             elts = [v.elt] if isinstance(v, ast.ListComp) else v.elts
             for e in elts:
                 if isinstance(e, ast.Call) and any(self.tracked_expr(fn, a, env)

@@ -4,7 +4,6 @@ actors and is recorded (minus secrets) in summary.json."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, SecretStr, field_validator, model_validator
@@ -15,7 +14,7 @@ from .metrics.cost import CostOption
 from .metrics.goodput import slo_option
 from .metrics.percentiles import PercentilesOption
 from .options import FieldError, opt
-from .rundir import default_dir, trace_label
+from .rundir import RunDir, trace_label
 from .urls import normalise_base_url, redact_url
 
 WORKLOAD, TARGET, SYNTH, OUTPUT = ("workload", "target", "prompt synthesis",
@@ -317,9 +316,10 @@ class RunConfig(PercentilesOption, CostOption):  # declared once, shared with sw
         return key
 
 
-def default_output_dir(cfg: RunConfig) -> Path:
-    """results/<time>-<trace>-<load>: c<N> lanes, r<R> sessions/s, or `arrivals` (trace times)."""
+def run_dir(cfg: RunConfig) -> RunDir:
+    """--output-dir, else results/<time>-<trace>-<load>: c<N> lanes, r<R> sessions/s, or
+    `arrivals` (trace times)."""
     mode = cfg.arrival_mode()
     load = (f"r{cfg.session_rate:g}" if mode == "poisson" else "arrivals" if mode == "trace"
             else f"c{cfg.conc}")
-    return default_dir(trace_label(cfg.trace), load)
+    return RunDir.at(cfg.output_dir, trace_label(cfg.trace), load)

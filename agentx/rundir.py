@@ -13,7 +13,10 @@ exactly the files the previous run's manifest names. A directory from before man
 loses only the fixed names a run writes (LEGACY) and its worker files.
 
 Every writer and reader of a run directory (run, report, sweep, A/B, calibrate, the simulator's
-replay) takes the names from here, so the formats cannot drift apart."""
+replay) takes the names from here, so the formats cannot drift apart. So does every other
+command's output folder: `ResultDir` is the base (its files, its default name, the check before
+any work, creation, the manifest, atomic writes) and RunDir, ReportDir, ABDir, SweepDir,
+CompareDir, CliffDir and CalibrationDir each name their files once, here."""
 from __future__ import annotations
 
 import contextlib
@@ -23,6 +26,7 @@ import re
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import ClassVar, TypeVar
 
 import orjson
 
@@ -41,6 +45,9 @@ def default_dir(*parts: str, kind: str = "") -> Path:
     return RESULTS / "-".join([*([kind] if kind else []), stamp, *parts])
 
 
+R = TypeVar("R", bound="ResultDir")
+
+
 def trace_label(trace: str) -> str:
     """A trace argument as a directory name part: the file's name up to its first dot."""
     return Path(trace).name.split(".")[0]
@@ -57,7 +64,105 @@ def _not_empty(path: Path) -> InputError:
                       "--overwrite, or another --output-dir)", field=FLAG)
 
 
-class RunDir:
+class ResultDir:
+    """An output folder of one agentx command (it may not exist yet). A subclass names its
+    files as class attributes (readers need no instance), its default folder (`KIND`:
+    results/<KIND>-<time>-...), and the file whose presence means the folder holds a result
+    already (`RESULT`, refused without the command's flag). Files written through the folder
+    (`write_json`) are atomic and named in its manifest, `.agentx-files`."""
+
+    KIND: ClassVar[str] = ""
+    RESULT: ClassVar[str] = ""
+    REFUSAL: ClassVar[str] = "holds a result already ({}): give --overwrite or another --output-dir"
+    MANIFEST = ".agentx-files"
+    LOCK = ".agentx-lock"  # held (flock) by the live run that owns the directory
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.path)!r})"
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    @classmethod
+    def default_path(cls, *parts: str) -> Path:
+        """The folder when the user names none: results/[<KIND>-]<time>[-<part>...]."""
+        return default_dir(*parts, kind=cls.KIND)
+
+    @classmethod
+    def at(cls: type[R], output_dir: str | os.PathLike | None, *parts) -> R:
+        """--output-dir, or the default folder (`default_path(*parts)`): the one place every
+        command makes that choice."""
+        return cls(output_dir if output_dir else cls.default_path(*parts))
+
+    def holds_result(self) -> bool:
+        return bool(self.RESULT) and (self.path / self.RESULT).exists()
+
+    def check(self, overwrite: bool) -> None:
+        """Refuse, before any work, a folder that is a file or holds this command's result
+        already (unless `overwrite`: --overwrite, or the sweep's --resume)."""
+        if self.path.exists() and not self.path.is_dir():
+            raise InputError(str(self.path), "exists and is not a directory", field=FLAG)
+        if not overwrite and self.holds_result():
+            raise InputError(str(self.path), self.REFUSAL.format(self.RESULT), field=FLAG)
+
+    def create(self: R, overwrite: bool = False) -> R:
+        """check, then make the folder (and its parents)."""
+        self.check(overwrite)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise InputError(str(self.path), f"cannot be created ({e.strerror or e})",
+                             field=FLAG) from None
+        return self
+
+    def write_json(self, name: str, doc: dict) -> Path:
+        """`name` here, written atomically (write_json) and named in the manifest."""
+        path = write_json(self.path / name, doc)
+        self.register(name)
+        return path
+
+    def own_files(self) -> list[str]:
+        """The files agentx wrote here, as the manifest names them (plain names only)."""
+        try:
+            text = (self.path / self.MANIFEST).read_text(errors="replace")
+        except OSError:
+            return []
+        return [n for n in dict.fromkeys(text.splitlines())
+                if n and n not in (".", "..", self.MANIFEST, self.LOCK) and "/" not in n
+                and "\\" not in n]
+
+    def register(self, *names: str) -> None:
+        """Add file names to the manifest (files agentx writes here; --overwrite's list)."""
+        have = self.own_files()
+        new = [n for n in dict.fromkeys(names) if n not in have]
+        if new:
+            write_bytes(self.path / self.MANIFEST,
+                        "".join(f"{n}\n" for n in [*have, *new]).encode())
+
+    def read_json(self, name: str) -> tuple[dict | None, str]:
+        """A JSON object file here (summary.json, run.json, ab.json), or None and why it cannot
+        be used ("" when there is none): a run stopped by a full disk before summaries were
+        written atomically left 0 bytes."""
+        path = self.path / name
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None, ""
+        except OSError as e:
+            raise InputError(str(path), f"cannot be read ({e.strerror or e})") from None
+        if not data.strip():
+            return None, "empty"
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError as e:
+            return None, f"not valid JSON ({e})"
+        return (doc, "") if isinstance(doc, dict) else (None, "not a JSON object")
+
+
+class RunDir(ResultDir):
     """One run directory (it may not exist yet): the paths of its files and what may be done
     with it. File names are class attributes, so readers need no instance."""
 
@@ -65,13 +170,10 @@ class RunDir:
     REQUESTS = "requests.jsonl"  # one RequestRecord a line, streamed
     METRICS = "metrics.jsonl"  # the server's /metrics series, one scrape a line
     SUMMARY = "summary.json"  # written at the end (or rebuilt by `agentx report`)
-    MANIFEST = ".agentx-files"
-    LOCK = ".agentx-lock"  # held (flock) by the live run that owns the directory
     LATENCY_CDF, SERVER_TIMESERIES = "latency_cdf.png", "server_timeseries.png"  # report plots
-    GPU_POWER = "gpu_power.png"  # report plot of the NVML samples (metrics/gpu.py)
+    GPU_POWER = "gpu_power.png"  # report plot of the NVML samples (scrape/gpu.py)
     # per-session rows, per-turn bins and their plot (metrics/sessions.py, report/sessions.py)
     SESSIONS_CSV, TURNS_CSV, PER_TURN = "sessions.csv", "turns.csv", "per_turn.png"
-    CALIBRATION = "calibration.json"  # `agentx calibrate`'s result, in its own directory
     FILES = (RUN, REQUESTS, METRICS, SUMMARY)
     # what a run (and `agentx report` in it) wrote before manifests: exact names, never a
     # pattern that could match a user's file (a user's diagram.png stays)
@@ -79,15 +181,9 @@ class RunDir:
     WORKER = re.compile(r"requests\.w([0-9]+)\.jsonl")  # a worker's records before the merge
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path)
+        super().__init__(path)
         self._lock: int | None = None  # the claim's lock file descriptor
         self._made = False  # the claim created the directory
-
-    def __repr__(self) -> str:
-        return f"RunDir({str(self.path)!r})"
-
-    def __truediv__(self, name: str) -> Path:
-        return self.path / name
 
     @property
     def run_json(self) -> Path:
@@ -250,24 +346,6 @@ class RunDir:
             pid = ""
         return f"pid {pid}" if pid.isdigit() else "pid unknown"
 
-    def own_files(self) -> list[str]:
-        """The files agentx wrote here, as the manifest names them (plain names only)."""
-        try:
-            text = (self.path / self.MANIFEST).read_text(errors="replace")
-        except OSError:
-            return []
-        return [n for n in dict.fromkeys(text.splitlines())
-                if n and n not in (".", "..", self.MANIFEST, self.LOCK) and "/" not in n
-                and "\\" not in n]
-
-    def register(self, *names: str) -> None:
-        """Add file names to the manifest (files agentx writes here; --overwrite's list)."""
-        have = self.own_files()
-        new = [n for n in dict.fromkeys(names) if n not in have]
-        if new:
-            write_bytes(self.path / self.MANIFEST,
-                        "".join(f"{n}\n" for n in [*have, *new]).encode())
-
     def previous_files(self) -> list[Path]:
         """What --overwrite removes: the files a previous run's manifest names; without one
         (a run from before manifests), the fixed names a run writes and its worker files.
@@ -285,25 +363,6 @@ class RunDir:
         so that a run killed before its summary still says what it was."""
         return write_json(self.run_json, meta)
 
-    def read_json(self, name: str) -> tuple[dict | None, str]:
-        """A JSON object file here (summary.json, run.json), or None and why it cannot be used
-        ("" when there is none): a run stopped by a full disk before summaries were written
-        atomically left 0 bytes."""
-        path = self.path / name
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return None, ""
-        except OSError as e:
-            raise InputError(str(path), f"cannot be read ({e.strerror or e})") from None
-        if not data.strip():
-            return None, "empty"
-        try:
-            doc = orjson.loads(data)
-        except orjson.JSONDecodeError as e:
-            return None, f"not valid JSON ({e})"
-        return (doc, "") if isinstance(doc, dict) else (None, "not a JSON object")
-
     def merge_workers(self, warm_until_ns: int | None = None) -> int:
         """Fold the unmerged worker files into requests.jsonl (see merge_record_files).
         Returns the number of worker files merged."""
@@ -311,6 +370,74 @@ class RunDir:
         if parts:
             merge_record_files([self.requests, *parts], self.requests, warm_until_ns)
         return len(parts)
+
+
+def common_parent(dirs: Iterable[str | os.PathLike]) -> Path:
+    """The folder holding all of `dirs` (the parent of one)."""
+    return Path(os.path.commonpath([str(Path(d).resolve().parent) for d in dirs]))
+
+
+class ReportDir(ResultDir):
+    """`agentx report` over several runs: runs.csv, the Pareto figure, report.html (one run's
+    report.html goes in its run directory). Default: the runs' common parent folder."""
+
+    RUNS_CSV, PARETO = "runs.csv", "pareto.png"
+    HTML = "report.html"
+
+    @classmethod
+    def default_path(cls, *runs: str | os.PathLike) -> Path:
+        return common_parent(runs)
+
+
+class SweepDir(ReportDir):
+    """`agentx sweep`: sweep.json (every cell, rewritten as cells finish), the report over
+    its cells, and a run directory per cell (<point label>/c<conc>)."""
+
+    KIND = "sweep"
+    RESULT = JSON = "sweep.json"
+    REFUSAL = "holds a sweep already ({}): give --resume to finish it, or another --output-dir"
+    default_path = classmethod(ResultDir.default_path.__func__)  # type: ignore[assignment]
+
+    def cell(self, label: str, conc: int) -> Path:
+        return self.path / label / f"c{conc}"
+
+
+class ABDir(ResultDir):
+    """`agentx ab`: ab.json, its CDF figure, and a run directory per side and repeat."""
+
+    KIND = "ab"
+    RESULT = JSON = "ab.json"
+    CDF = "ab_cdf.png"
+    REFUSAL = "holds an A/B result already ({}): give --overwrite or another --output-dir"
+    SIDES = ("a", "b")
+
+    def side_run(self, side: str, repeat: int) -> Path:
+        return self.path / side / str(repeat)
+
+
+class CompareDir(ResultDir):
+    """`agentx compare`: compare.json, compare.html and one CDF figure per pair."""
+
+    KIND = "compare"
+    JSON, HTML = "compare.json", "compare.html"
+
+    def cdf(self, pair: int) -> Path:
+        return self.path / f"compare_cdf_{pair}.png"
+
+
+class CliffDir(ResultDir):
+    """`agentx cliff`: cliff.json, cliff.png, and the --verify runs (c<lanes>)."""
+
+    KIND = "cliff"
+    JSON, PNG = "cliff.json", "cliff.png"
+
+
+class CalibrationDir(ResultDir):
+    """`agentx calibrate`: calibration.json (every cell, with its interval and run directory)
+    and the runs and server logs per K (k<K>/...)."""
+
+    KIND = "calibrate"
+    JSON = "calibration.json"
 
 
 # -- atomic writes ---------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import aiohttp
 import psutil
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from agentx.prompt.words import WORDS  # noqa: E402
+from agentx.tokens.words import WORDS  # noqa: E402
 
 
 def free_port() -> int:

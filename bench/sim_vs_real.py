@@ -2,8 +2,8 @@
 """Every real H200 run under tests/data (h200-runs, h200-runs-2) against the simulator.
 
 Each run's requests (recorded send times, prompt sizes, output lengths) are replayed through the
-simulator's engine and its API-server front end on a virtual clock (agentx.sim.replay), with the
-server the run had (speculative decoding, pool size, offload tier: agentx.sim.realruns). Runs
+simulator's engine and its API-server front end on a virtual clock (sim_calibration.replay), with the
+server the run had (speculative decoding, pool size, offload tier: sim_calibration.realruns). Runs
 with a pool far smaller than the working set let the simulator's own cache decide the hits
 (block identities re-derived from the trace); the others get each request's recorded hit.
 Printed per run: real vs simulated TTFT p50/p90/p99, TPOT p50/p90, E2E p50/p90, ITL p50 (chunk
@@ -33,10 +33,12 @@ import argparse
 import io
 import statistics
 import sys
+from pathlib import Path
 
-from agentx.dist import dist
-from agentx.sim.realruns import DATA, jittered, keys, runs
-from agentx.sim.replay import measured, replay
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # sim_calibration/: not installed
+from agentx.dist import dist  # noqa: E402
+from sim_calibration.realruns import DATA, jittered, keys, runs  # noqa: E402
+from sim_calibration.replay import measured, replay  # noqa: E402
 
 ROWS = [("TTFT p50", "ttft", "p50"), ("TTFT p90", "ttft", "p90"), ("TTFT p99", "ttft", "p99"),
         ("TPOT p50", "tpot", "p50"), ("TPOT p90", "tpot", "p90"), ("E2E p50", "e2e", "p50"),

@@ -3,7 +3,7 @@
 prediction departs from the server's `cached_tokens`.
 
 For each run (a `*requests.jsonl` with its `*summary.json` beside it) the records' requests are
-re-derived from the trace (agentx.metrics.tiers.replay_theory: the engine's block keys, sent at
+re-derived from the trace (agentx.cache_theory.tiers.replay_theory: the engine's block keys, sent at
 `start_ns`, finished at `end_ns`) and replayed twice: looking each request up at its send (the
 model before 2026-12-02: it must reproduce the recorded `cached_expected_pool` when the run's
 client modelled the same tier) and in the server's waiting queue (looked up when admitted,
@@ -29,7 +29,7 @@ import argparse
 import json
 from pathlib import Path
 
-from agentx.metrics.tiers import replay_theory
+from agentx.cache_theory.tiers import replay_theory
 from agentx.trace.load import load_traces
 
 REPO = Path(__file__).resolve().parents[1]

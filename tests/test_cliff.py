@@ -1,4 +1,4 @@
-"""The cache-cliff planner (`agentx cliff`, agentx/metrics/cliff.py): predicted hit rates per
+"""The cache-cliff planner (`agentx cliff`, agentx/cache_theory/cliff.py): predicted hit rates per
 tier against lanes, the cliff where they collapse, and `--verify` measuring the lane counts on
 either side of it on the embedded simulator over HTTP."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from agentx.metrics.cliff import Replay, cliffs, predict
+from agentx.cache_theory.cliff import Replay, cliffs, predict
 from agentx.trace.load import load_traces
 from helpers import write_trace
 

@@ -206,7 +206,7 @@ def sim_proc():
     """The simulator in its own process (its event loop and interpreter lock not shared with
     the test's client), as `agentx run` and `agentx serve-sim` run it."""
     from agentx.sim.config import SimConfig
-    from agentx.sim.embedded import start_in_process
+    from agentx.targets.embedded import start_in_process
 
     with start_in_process(SimConfig(profile="cpu-tiny", fixed_ttft_ms=1, fixed_itl_ms=1)) as s:
         yield s
@@ -296,8 +296,8 @@ async def test_other_clients_are_served_while_a_huge_request_arrives(sim_proc, k
 async def test_big_legit_request_tokenized_on_the_worker_counts_the_same(sim_proc):
     """A body over the inline limit goes to the worker thread's encoder; its token count is
     the one the client's own tokenizer gives (and /tokenize's)."""
-    from agentx.prompt.tokenizer import BuiltinTokenizer
-    from agentx.prompt.words import WORDS
+    from agentx.tokens.tokenizer import BuiltinTokenizer
+    from agentx.tokens.words import WORDS
 
     tok = BuiltinTokenizer(WORDS)
     rng = random.Random(7)
@@ -318,9 +318,9 @@ async def test_big_legit_request_tokenized_on_the_worker_counts_the_same(sim_pro
 
 def test_piece_tokenizer_gives_the_same_ids():
     """Cutting a long text before whitespace or `<` never changes its tokens."""
-    from agentx.prompt.tokenizer import BuiltinTokenizer
-    from agentx.prompt.words import WORDS
     from agentx.sim import parse
+    from agentx.tokens.tokenizer import BuiltinTokenizer
+    from agentx.tokens.words import WORDS
 
     tok = BuiltinTokenizer(WORDS)
     rng = random.Random(3)

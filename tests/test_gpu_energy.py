@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from agentx.metrics import gpu
-from agentx.metrics.gpu import energy_block, gpu_rows, scrape_rows, server_on_this_host
 from agentx.records import read_jsonl
+from agentx.scrape import gpu
+from agentx.scrape.gpu import energy_block, gpu_rows, scrape_rows, server_on_this_host
 from helpers import write_trace
 
 SIM = ["--sim-profile", "cpu-tiny", "--sim-time-scale", "20"]

@@ -166,7 +166,7 @@ def test_several_runs_and_an_ab_in_one_file(made, tmp_path):
 def test_gpu_power_and_energy_are_in_the_page(cli, made, tmp_path, monkeypatch):
     """A run sampled by NVML (faked at the library boundary, as tests/test_gpu_energy.py does)
     gets its power figure and energy line in the page."""
-    from agentx.metrics import gpu
+    from agentx.scrape import gpu
     from test_gpu_energy import fake_pynvml
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from agentx.recipe.inferencex import export_cell, identity, model_id
 from agentx.recipe.load import load_recipe
 from agentx.report import aiperf_export as ax
+from agentx.report.inferencex import export_cell, identity, model_id
 
 FAST = ["--sim", "--duration", "2", "--warmup", "0", "--sim-time-scale", "50",
         "--set", "think_scale=0.01", "--set", "drain_timeout_s=2"]

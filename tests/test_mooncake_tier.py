@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from agentx import offload
-from agentx.metrics import tiers
-from agentx.metrics.prom import parse_metrics
-from agentx.metrics.validate import Expectations, validate
+from agentx.cache_theory import tiers
 from agentx.offload import Mooncake
+from agentx.scrape.prom import parse_metrics
+from agentx.verdict.validate import Expectations, validate
 
 SEGMENT_TOKENS = 429_616  # "59GB" = 63,350,767,616 bytes over 147,456 bytes a token
 

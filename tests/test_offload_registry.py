@@ -5,20 +5,21 @@ command, the simulator models its chunked tier, and the tier model reads its sto
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from agentx import offload
+from agentx.cache_theory.tiers import offload_tier
 from agentx.errors import InputError
-from agentx.metrics import server_metrics
-from agentx.metrics.prom import parse_metrics
-from agentx.metrics.tiers import offload_tier
 from agentx.offload import LMCache, Mooncake, SimpleCPU, dram
 from agentx.recipe.load import load_recipe
 from agentx.recipe.render import render
 from agentx.recipe.schema import Recipe
 from agentx.recipe.simargs import sim_options
+from agentx.scrape import server_metrics
+from agentx.scrape.prom import parse_metrics
 from agentx.sim.build import build_engine
 from agentx.sim.config import SimConfig
 from agentx.sim.offload import OffloadTier
@@ -44,6 +45,19 @@ def test_registry_lists_each_connector_once_with_its_vllm_name():
     assert offload.by_vllm_name("native") is None
     with pytest.raises(KeyError, match="known: none, simple-cpu, mooncake, lmcache"):
         offload.connector("lmcache2")
+
+
+def test_no_switch_on_the_none_kind_outside_the_registry():
+    """Whether a tier exists is the connector's `enabled`, its InferenceX name its
+    `inferencex_name`: no module outside agentx/offload/ compares a kind with "none"."""
+    root = Path(offload.__file__).parents[1]
+    switch = re.compile(r"""(offload\w*|kind)\s*[!=]=\s*["']none["']|["']none["']\s*[!=]=\s*\w*(offload|kind)""")
+    found = [f"{f.relative_to(root.parent)}:{n}: {line.strip()}"
+             for f in sorted(root.rglob("*.py")) if "offload" not in f.relative_to(root).parts[:1]
+             for n, line in enumerate(f.read_text().splitlines(), 1) if switch.search(line)]
+    assert not found, "\n".join(found)
+    assert [c.enabled for c in offload.CONNECTORS] == [False, True, True, True]
+    assert [c.inferencex_name for c in offload.CONNECTORS[1:]] == ["vllm-simple", "mooncake", "lmcache"]
 
 
 def test_store_policies_are_the_connectors():
@@ -173,7 +187,7 @@ def test_validation_takes_an_lmcache_tiers_store_mode_from_its_connector():
     """vLLM 0.32 with LMCache names no connector on /metrics (kv_offloading_backend "native",
     num_cpu_blocks "None"): the size comes from the recipe, the store mode from the connector
     the recipe launched; what the server says wins."""
-    from agentx.metrics.tiers import resolve
+    from agentx.cache_theory.tiers import resolve
     real = parse_metrics('# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{'
                          'block_size="16",engine="0",kv_offloading_backend="native",'
                          'num_cpu_blocks="None",num_gpu_blocks="1000"} 1.0\n')

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from agentx.config import RunConfig, default_output_dir
+from agentx.config import RunConfig, run_dir
 from agentx.plan import poisson_times
-from agentx.run import max_overlap, run
+from agentx.run import run
 from agentx.rundir import read_jsonl
 from agentx.targets.embedded import EmbeddedSim
+from agentx.verdict.run_summary import max_overlap
 from helpers import write_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -201,7 +202,7 @@ def test_default_output_dir_names_the_load(cli, tmp_path, monkeypatch):
     assert (tmp_path / "results" / made[0] / "summary.json").is_file()
     label = made[0].rsplit("-", 1)[0].split("-", 2)[-1]  # the trace's part of the name
     for extra, load in ((dict(session_rate=0.5), "r0.5"), (dict(arrivals="trace"), "arrivals")):
-        name = default_output_dir(RunConfig(trace=str(trace), **extra)).name
+        name = run_dir(RunConfig(trace=str(trace), **extra)).path.name
         assert name.endswith(f"-{label}-{load}"), (extra, name)
 
 
@@ -243,7 +244,7 @@ def test_overloaded_open_loop_is_not_pass(cli, tmp_path):
 def test_load_delivered_rule_allows_poisson_noise():
     """The check's arithmetic: 3 sigma below rate x span fails, within it passes; a closed
     loop is skipped."""
-    from agentx.metrics.validate import Expectations, _load_delivered
+    from agentx.verdict.validate import Expectations, _load_delivered
 
     def arr(started: int, waited: int = 0) -> dict:
         return {"arrivals": {"span_s": 100.0, "session_rate": 1.0, "sessions_arrived": 100,

@@ -14,10 +14,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agentx.metrics import server_metrics as sm
-from agentx.metrics.prom import counter_delta, parse_metrics
-from agentx.metrics.scrape_process import ScraperProcess
-from agentx.metrics.scraper import MetricsScraper, metrics_url
+from agentx.scrape import server_metrics as sm
+from agentx.scrape.process import ScraperProcess
+from agentx.scrape.prom import counter_delta, parse_metrics
+from agentx.scrape.scraper import MetricsScraper, metrics_url
 from conftest import SAMPLES
 
 BEFORE = (SAMPLES / "metrics_before.txt").read_text()

@@ -10,10 +10,10 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentx.prompt.tokenizer import BuiltinTokenizer
-from agentx.prompt.words import WORDS
 from agentx.sim.config import SimConfig
 from agentx.sim.embedded import start_in_thread
+from agentx.tokens.tokenizer import BuiltinTokenizer
+from agentx.tokens.words import WORDS
 from conftest import SAMPLES
 from helpers import post_stream, sse_events
 

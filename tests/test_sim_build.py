@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from agentx.sim.build import build_engine
 from agentx.sim.config import SimConfig
-from agentx.sim.offline import Scenario, simulate
+from sim_calibration.offline import Scenario, simulate
 
 # 16 prompts of 125 blocks revisited in turn; a GPU pool of 1200 blocks and a 2 GB CPU tier
 # (847 blocks) hold them all only if the tier keeps just what the GPU evicted

@@ -20,11 +20,11 @@ import aiohttp
 import pytest
 
 from agentx.prefix_cache import PrefixCache
-from agentx.prompt.tokenizer import BuiltinTokenizer
-from agentx.prompt.words import WORDS
 from agentx.sim.config import SimConfig
 from agentx.sim.embedded import start_in_thread
 from agentx.sim.kvcache import BlockPool
+from agentx.tokens.tokenizer import BuiltinTokenizer
+from agentx.tokens.words import WORDS
 from conftest import REAL_TRACES as TRACES
 from helpers import post_stream
 

@@ -116,7 +116,7 @@ def test_long_cold_prompt_does_not_hold_back_later_short_ones():
     tokenisation), so the engine admits them before the long prompt's chunked prefill takes every
     step's budget; the replayed engine (virtual clock) shows the same: all 11 short requests get
     their first token before the long one."""
-    from agentx.sim.replay import replay
+    from sim_calibration.replay import replay
 
     def rec(i: int, isl: int, at_ms: float) -> dict:
         return {"request_id": str(i), "session_id": f"s{i}", "start_ns": int(at_ms * 1e6), "isl": isl,

@@ -3,7 +3,7 @@ vLLM 0.24.0, swe trace, 8 lanes, base and EAGLE3 synthetic AL 2.78).
 
 The calibration figures come from replaying every recorded request (its send time, prompt,
 prefix hit and output length) through the served simulator's engine on a virtual clock
-(agentx/sim/replay.py), so they are deterministic; the served path is then checked end to end
+(sim_calibration/replay.py), so they are deterministic; the served path is then checked end to end
 by replaying the same workload with agentx itself against the embedded simulator."""
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import pytest
 
 from agentx.config import RunConfig
 from agentx.sim.config import SimConfig
-from agentx.sim.fit import fit
 from agentx.sim.profile import load_profile
-from agentx.sim.replay import figures, h200_runs, measured, replay_figures
 from agentx.targets.embedded import EmbeddedSim
 from conftest import H200_RUNS
+from sim_calibration.fit import fit
+from sim_calibration.replay import figures, h200_runs, measured, replay_figures
 
 FIGURES = ("ttft_p50", "ttft_p90", "tpot_p50", "e2e_p50")
 RUNS = {name: (cfg, recs, summ) for name, cfg, recs, summ in h200_runs(H200_RUNS)}
@@ -41,7 +41,7 @@ def test_profile_reproduces_real_run(name):
 
 
 def test_profile_constants_are_the_fit():
-    """The shipped constants are what `python -m agentx.sim.fit` fits from the runs."""
+    """The shipped constants are what `python -m sim_calibration.fit` fits from the runs."""
     fitted = fit(H200_RUNS.parent, out=io.StringIO())
     cal = load_profile("h200-qwen3-8b-bf16").calibration
     for k, v in fitted.items():

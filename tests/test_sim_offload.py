@@ -16,13 +16,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentx.cli import main
 from agentx.prefix_cache import TieredCache
-from agentx.prompt.words import WORDS
 from agentx.sim.build import build_engine
 from agentx.sim.config import SimConfig
 from agentx.sim.embedded import start_in_thread
 from agentx.sim.engine import SimEngine
 from agentx.sim.offload import OffloadTier
 from agentx.sim.request import SimRequest
+from agentx.tokens.words import WORDS
 from helpers import post_stream, write_trace
 
 POOL_TOKENS = 4096  # GPU pool: 256 blocks of 16

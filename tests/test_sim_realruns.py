@@ -1,4 +1,4 @@
-"""The real runs the simulator is compared with (agentx/sim/realruns.py): where they are found, the
+"""The real runs the simulator is compared with (sim_calibration/realruns.py): where they are found, the
 send-time jitter of an ensemble of replays (bench/sim_vs_real.py --replays), and the group rule
 (bench/sim_vs_real.py judges a simulated figure against the real runs of its configuration)."""
 from __future__ import annotations
@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from agentx.sim.realruns import DATA, jittered, runs
+from sim_calibration.realruns import DATA, jittered, runs
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_runs_found_from_any_working_directory(tmp_path, monkeypatch):
-    """`python -m agentx.sim.fit` and bench/sim_vs_real.py find the runs wherever they start."""
+    """`python -m sim_calibration.fit` and bench/sim_vs_real.py find the runs wherever they start."""
     monkeypatch.chdir(tmp_path)
     assert {r.name for r in runs(DATA)} == {"base", "spec", "offA", "offB", "spec32", "offb",
                                            "offb-r1", "offb-r2"}

@@ -9,14 +9,14 @@ import aiohttp
 import orjson
 import pytest
 
-from agentx.prompt.tokenizer import BuiltinTokenizer
-from agentx.prompt.words import WORDS
 from agentx.sim.config import SimConfig
 from agentx.sim.embedded import start_in_thread
-from agentx.sim.offline import ANCHORS, Scenario, decode_tpot_ms, simulate
 from agentx.sim.profile import resolve
 from agentx.sim.timing import StepTiming
+from agentx.tokens.tokenizer import BuiltinTokenizer
+from agentx.tokens.words import WORDS
 from helpers import post_stream
+from sim_calibration.offline import ANCHORS, Scenario, decode_tpot_ms, simulate
 
 # Per anchor, the deviation we accept (documented with the reason in docs/simulator.md)
 TOLERANCE = {

@@ -6,7 +6,7 @@ import pytest
 from agentx.prompt.blocks import BlockFactory
 from agentx.prompt.synth import Conversation, SynthConfig
 from agentx.prompt.token_model import builtin_model
-from agentx.prompt.words import WORDS
+from agentx.tokens.words import WORDS
 from agentx.trace.model import Trace, Turn
 
 TM = builtin_model()

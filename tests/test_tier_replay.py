@@ -1,6 +1,6 @@
 """The tiered prefix-cache model against a real server: the records of agentx runs on one H200
 with vLLM 0.24.0 and SimpleCPUOffload (tests/data/h200-runs-2, tests/data/h200-runs/offB) are
-replayed through `TieredCache` (agentx.metrics.tiers.replay_theory: each request's block keys
+replayed through `TieredCache` (agentx.cache_theory.tiers.replay_theory: each request's block keys
 re-derived from the trace as the engine derives them, sent at `start_ns`, finished at `end_ns`)
 and the predicted hit rate is compared with the `cached_tokens` the server reported. Mooncake
 runs (MooncakeStoreConnector: every computed block saved, blocks looked up by hash when the
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from agentx.cache_theory.tiers import replay_theory
 from agentx.cli import main
-from agentx.metrics.tiers import replay_theory
 from agentx.offload import Mooncake
 from agentx.prefix_cache import TieredCache
 from agentx.trace.load import load_traces

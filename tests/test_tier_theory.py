@@ -13,8 +13,8 @@ import random
 
 import pytest
 
+from agentx.cache_theory.tiers import replay_theory, theory_band
 from agentx.cli import main
-from agentx.metrics.tiers import replay_theory, theory_band
 from agentx.prefix_cache import sent_keys
 from agentx.trace.model import Trace, TraceSet, Turn
 

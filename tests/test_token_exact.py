@@ -25,8 +25,8 @@ from agentx.prompt.blocks import BlockFactory
 from agentx.prompt.exact import SessionIds
 from agentx.prompt.synth import Conversation, SynthConfig
 from agentx.prompt.token_model import hf_model
-from agentx.prompt.tokenizer import BuiltinTokenizer
-from agentx.prompt.words import WORDS
+from agentx.tokens.tokenizer import BuiltinTokenizer
+from agentx.tokens.words import WORDS
 from agentx.trace.load import load_traces
 from agentx.trace.model import Trace, Turn
 from conftest import DATA, REAL_TRACES

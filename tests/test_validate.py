@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
-from agentx.metrics import server_metrics as sm
-from agentx.metrics.prom import parse_metrics
-from agentx.metrics.validate import Expectations, validate
+from agentx.scrape import server_metrics as sm
+from agentx.scrape.prom import parse_metrics
+from agentx.verdict.validate import Expectations, validate
 from conftest import SAMPLES
 
 BEFORE = (SAMPLES / "metrics_before.txt").read_text()

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agentx.metrics.prom import parse_metrics
-from agentx.metrics.tiers import offload_tier, resolve, tier_theory
-from agentx.metrics.validate import Expectations, validate
+from agentx.cache_theory.tiers import offload_tier, resolve, tier_theory
+from agentx.scrape.prom import parse_metrics
+from agentx.verdict.validate import Expectations, validate
 
 CACHE = ('# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size="16",'
          'engine="0",kv_offloading_backend="native",num_cpu_blocks="None",'

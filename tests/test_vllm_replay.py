@@ -19,9 +19,9 @@ import pytest
 
 from agentx.client.http import ClientConfig, make_session, stream_request
 from agentx.prompt.blocks import BlockFactory
-from agentx.prompt.words import WORDS
 from agentx.records import RequestRecord, read_records
 from agentx.run import RunConfig, run
+from agentx.tokens.words import WORDS
 from conftest import REAL_TRACES
 from helpers import write_trace
 

@@ -14,8 +14,8 @@ import uuid
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentx.prompt.tokenizer import HFTokenizer
-from agentx.prompt.words import WORDS
+from agentx.tokens.tokenizer import HFTokenizer
+from agentx.tokens.words import WORDS
 from helpers import sse_events
 
 pytestmark = pytest.mark.vllm

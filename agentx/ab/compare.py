@@ -18,9 +18,9 @@ from pathlib import Path
 from ..errors import InputError
 from ..report.rebuild import Run
 from ..report.target import target_text
+from ..rundir import CompareDir
 from .stats import ab_metrics, compare, replay_key, side_data, too_thin
 
-COMPARE_JSON, COMPARE_HTML = "compare.json", "compare.html"
 # config fields two runs must share, by what they decide
 MUST_MATCH = {
     "trace": ("trace", "context_scale", "think_scale", "max_think_s", "start_min", "start_max",
@@ -128,20 +128,20 @@ def check_labels(labels: Sequence[str], runs: Sequence[Run]) -> list[str]:
 def write_outputs(out: Path, docs: list[dict], runs: list[Run], plots: bool) -> list[Path]:
     """compare.json (every pair), one CDF figure per pair, compare.html."""
     from ..report.html import ab_html, png_img, write_html
-    from ..rundir import write_json
     from .plot import cdf_plot
 
-    out.mkdir(parents=True, exist_ok=True)
+    folder = CompareDir(out).create()
     made, head = [], []
     for i, doc in enumerate(docs, 1):
         fig = ""
         if plots:
-            png = cdf_plot(doc, out / f"compare_cdf_{i}.png")
+            png = cdf_plot(doc, folder.cdf(i))
             doc["plot"] = str(png)
             made.append(png)
             fig = png_img(png, f"comparison {i} CDFs")
         head.append(ab_html(doc, fig, heading=f"compare {i}"))
-    made.insert(0, write_json(out / COMPARE_JSON, {"baseline": str(runs[0].dir),
-                                                   "pairs": docs}))
-    made.append(write_html(out / COMPARE_HTML, runs, plots=plots, head=head))
+    made.insert(0, folder.write_json(CompareDir.JSON, {"baseline": str(runs[0].dir),
+                                                       "pairs": docs}))
+    made.append(write_html(folder / CompareDir.HTML, runs, plots=plots, head=head))
+    folder.register(*(p.name for p in made))
     return made

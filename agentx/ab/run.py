@@ -19,26 +19,20 @@ from pathlib import Path
 
 from ..config import RunConfig
 from ..engine.workers import StartGate
-from ..errors import InputError
 from ..metrics.summary import measured
 from ..records import read_records
 from ..run import run
-from ..rundir import RunDir
+from ..rundir import ABDir, RunDir, trace_label
 from ..targets.base import Target
+from .config import ABConfig
 from .sides import Side, open_side
-from .spec import ABConfig, default_ab_dir
-from .stats import ab_metrics, compare, point, side_data, too_thin
-
-AB_JSON = "ab.json"
+from .stats import ab_metrics, compare, point_estimates, side_data, too_thin
 
 
 def run_ab(cfg: ABConfig) -> dict:
     """Run both sides, write ab.json and the CDF plot; returns the ab.json document."""
-    out = Path(cfg.output_dir) if cfg.output_dir else default_ab_dir(cfg)
-    if (out / AB_JSON).exists() and not cfg.overwrite:
-        raise InputError(str(out), f"holds an A/B result already ({AB_JSON}): give "
-                         "--overwrite or another --output-dir", field="--output-dir")
-    out.mkdir(parents=True, exist_ok=True)
+    folder = ABDir.at(cfg.output_dir, trace_label(cfg.trace), f"c{cfg.conc}")
+    out = folder.create(cfg.overwrite).path
     summaries: dict[str, list[dict]] = {"a": [], "b": []}
     sides: dict[str, Side] = {}
     with contextlib.ExitStack() as stack:
@@ -61,11 +55,11 @@ def run_ab(cfg: ABConfig) -> dict:
                 s = side(name)
                 summaries[name].append(run(_config(cfg, s, i, out), s.target))
         doc = _document(cfg, out, sides, summaries)
-    from ..rundir import write_json
     from .plot import cdf_plot
 
-    doc["plot"] = str(cdf_plot(doc, out / "ab_cdf.png"))
-    write_json(out / AB_JSON, doc)
+    doc["plot"] = str(cdf_plot(doc, folder / ABDir.CDF))
+    folder.register(ABDir.CDF)
+    folder.write_json(ABDir.JSON, doc)
     return doc
 
 
@@ -131,7 +125,7 @@ def _document(cfg: ABConfig, out: Path, sides: dict[str, Side],
                                sum(r["throughput"]["window_s"] for r in runs),
                                runs=[i for i, recs in enumerate(per) for _ in recs])
         # each repeat alone: the run-to-run spread the two-stage bootstrap accounts for
-        by_run[name] = [point(side_data(recs, r["throughput"]["window_s"])) if measured(recs)
+        by_run[name] = [point_estimates(side_data(recs, r["throughput"]["window_s"])) if measured(recs)
                         else None for recs, r in zip(per, runs)]
     metrics = compare(data["a"], data["b"], replicates=cfg.bootstrap, seed=cfg.seed,
                       min_sessions=cfg.min_sessions, min_requests=cfg.min_samples,

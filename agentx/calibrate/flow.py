@@ -8,14 +8,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import orjson
-
 from ..errors import InputError
 from ..golden import mode_key
 from ..recipe.load import load_recipe
 from ..recipe.render import golden_key
 from ..recipe.schema import Recipe
-from ..rundir import RunDir, default_dir
+from ..rundir import CalibrationDir
 from ..sim.specdec import default_rates
 from ..targets.base import Target, read_model, read_version
 from .config import CalibrateConfig
@@ -80,8 +78,8 @@ def calibrate(cfg: CalibrateConfig, say: Say = print) -> dict:
     else:
         ks, draft = cfg.k or sorted(cfg.url_map()), "(--url: not stated)"
     w = workload(cfg, run_opts)
-    out = Path(cfg.output_dir) if cfg.output_dir else default_dir(kind="calibrate")
-    out.mkdir(parents=True, exist_ok=True)
+    folder = CalibrationDir.at(cfg.output_dir).create()
+    out = folder.path
     cells: list[dict] = []
     entries: list[Entry] = []
     key = cfg.golden_model or (golden_key(recipe) if recipe else None)
@@ -99,7 +97,7 @@ def calibrate(cfg: CalibrateConfig, say: Say = print) -> dict:
             version = read_version(t.url).get("version")
             for mode in cfg.thinking:
                 m = measure(w, cfg, t.url, t.model, k, mode, out / f"k{k}" / f"thinking-{mode}")
-                cell = {**m.record(), "backend": t.kind, "server_version": version,
+                cell = {**m.record(), "kind": t.kind, "server_version": version,
                         "model": t.model}
                 if t.kind == "sim":  # the simulator's own acceptance: the truth to recover
                     cell["true_al"] = 1.0 + sum(default_rates(k))
@@ -113,7 +111,7 @@ def calibrate(cfg: CalibrateConfig, say: Say = print) -> dict:
         merge(gpath, key, entries)
     result = {"golden_file": str(gpath) if entries else None, "golden_model": key,
               "workload": w.describe(), "sampling": w.extra_body, "cells": cells}
-    (out / RunDir.CALIBRATION).write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    folder.write_json(CalibrationDir.JSON, result)
     result["output_dir"] = str(out)
     if recipe and entries:
         say(pin_note(recipe, path, gpath))

@@ -11,9 +11,9 @@ import orjson
 from .. import aio
 from ..client.http import ClientConfig, chat_body, first_model, make_session, stream_request
 from ..errors import InputError
-from ..metrics.scrape_process import ScraperProcess
 from ..records import RecordWriter, RequestRecord, read_records
 from ..rundir import RunDir
+from ..scrape.process import ScraperProcess
 
 DEFAULT_MAX_TOKENS = 256
 

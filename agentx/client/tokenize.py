@@ -15,7 +15,7 @@ import aiohttp
 
 from ..prompt.blocks import BlockFactory
 from ..prompt.token_model import TokenModel, measure_overheads
-from ..prompt.words import WORDS
+from ..tokens.words import WORDS
 from .http import post_json
 
 

@@ -1,13 +1,13 @@
 """`agentx ab`: flags -> ABConfig -> both sides run -> table, ab.json, CDF plot.
 
-Every flag comes from a field of ABConfig (agentx/ab/spec.py), whose shared run options are
+Every flag comes from a field of ABConfig (agentx/ab/config.py), whose shared run options are
 RunConfig's, and `--sim-*` from SimConfig's (applied to recipe sides on the simulator)."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from ..ab.spec import SIDE_FIELDS, ABConfig
+from ..ab.config import SIDE_FIELDS, ABConfig
 from ..options import add_arguments, build, flag_namer, values_from_args
 from ..sim.config import SimConfig
 from .run import SIM_EXCLUDED, SIM_PREFIX
@@ -32,11 +32,12 @@ def main(args: argparse.Namespace) -> int:
 
 def run(cfg: ABConfig) -> int:
     from ..ab.report import print_ab
-    from ..ab.run import AB_JSON, run_ab
+    from ..ab.run import run_ab
+    from ..rundir import ABDir
 
     doc = run_ab(cfg)
     print_ab(doc)
-    print(f"results: {doc['output_dir']}/{AB_JSON}, {doc['plot']}")
+    print(f"results: {doc['output_dir']}/{ABDir.JSON}, {doc['plot']}")
     if cfg.validation == "strict" and all(m["verdict"] == "insufficient"
                                           for m in doc["metrics"].values()):
         # nothing decided: exit as `agentx run` does on an insufficient verdict (warn: 0)

@@ -19,10 +19,10 @@ def main(args: argparse.Namespace) -> int:
 
 def run(cfg: CalibrateConfig) -> int:
     from ..calibrate.flow import calibrate
-    from ..rundir import RunDir
+    from ..rundir import CalibrationDir
 
     result = calibrate(cfg, lambda m: print(f"agentx calibrate: {m}", flush=True))
     failed = [c for c in result["cells"] if c["error"]]
     print(f"golden file: {result['golden_file'] or '(not written: nothing measured)'}; "
-          f"runs: {result['output_dir']}/{RunDir.CALIBRATION}")
+          f"runs: {result['output_dir']}/{CalibrationDir.JSON}")
     return 1 if failed else 0

@@ -1,6 +1,6 @@
 """`agentx cliff`: the cache-cliff planner. For a trace and a server's KV pool (and offload
 tier), the predicted prefix-cache hit rate per tier at each lane count and the lane count
-where each tier's hits collapse (agentx/metrics/cliff.py); a table, cliff.json and cliff.png.
+where each tier's hits collapse (agentx/cache_theory/cliff.py); a table, cliff.json and cliff.png.
 `--verify` runs the lane counts on either side of each cliff on the embedded simulator with
 the same sizes and overlays the measured hit rates.
 
@@ -77,9 +77,9 @@ def sizes(o: CliffOptions, sim: SimConfig) -> tuple[int, int | None, bool]:
 
 
 def run(o: CliffOptions, sim: SimConfig) -> int:
-    from ..metrics.cliff import Replay, cliffs, predict
+    from ..cache_theory.cliff import Replay, cliffs, predict
     from ..report.console import make_console
-    from ..rundir import default_dir, trace_label, write_json
+    from ..rundir import CliffDir, trace_label
     from ..trace.load import load_traces
 
     console = make_console()
@@ -91,22 +91,22 @@ def run(o: CliffOptions, sim: SimConfig) -> int:
                     context_scale=o.context_scale, shared_prefix=o.shared_prefix)
     points = [predict(traces, n, pool, tier, eager, replay) for n in sorted(set(o.lanes))]
     found = cliffs(points)
-    out = Path(o.output_dir) if o.output_dir else default_dir(trace_label(o.trace),
-                                                              kind="cliff")
-    out.mkdir(parents=True, exist_ok=True)
+    folder = CliffDir.at(o.output_dir, trace_label(o.trace)).create()
+    out = folder.path
     if o.pool_tokens:  # the simulator of --verify gets the pool that was predicted for
         sim = sim.model_copy(update={"kv_pool_tokens": o.pool_tokens})
     measured = _verify(o, sim, found, out) if o.verify else []
     doc = {"trace": o.trace, "pool_tokens": pool, "offload_tokens": tier,
            "offload_eager": eager if tier else None, "replay": replay.__dict__,
            "points": points, "cliffs": found, "measured": measured}
-    write_json(out / "cliff.json", doc)
+    folder.write_json(CliffDir.JSON, doc)
     from ..report.cliff import cliff_plot, print_cliff
 
     print_cliff(doc, console)
     if o.plots:
-        console.print(f"plot: {cliff_plot(doc, out / 'cliff.png')}")
-    console.print(f"results: {out / 'cliff.json'}")
+        console.print(f"plot: {cliff_plot(doc, folder / CliffDir.PNG)}")
+        folder.register(CliffDir.PNG)
+    console.print(f"results: {folder / CliffDir.JSON}")
     return 0
 
 
@@ -114,7 +114,8 @@ def _verify(o: CliffOptions, sim: SimConfig, found: dict, out: Path) -> list[dic
     """Each lane count next to a cliff, run on the embedded simulator: its achieved hit rate
     and the run's own pool-aware theory."""
     from ..run import run as run_once
-    from ..targets.embedded import EmbeddedSim
+    from ..targets.choice import EmbeddedChoice
+    from ..targets.open import open_server
 
     lanes = sorted({n for c in found.values() if c for n in (c["holds_to"], c["at"])})
     rows = []
@@ -123,7 +124,8 @@ def _verify(o: CliffOptions, sim: SimConfig, found: dict, out: Path) -> list[dic
                                    "overwrite": True, "progress": False,
                                    "validation": "off"})
         run_cfg = RunConfig.model_validate(cfg.model_dump(include=set(RunConfig.model_fields)))
-        s = run_once(run_cfg, EmbeddedSim.for_run(run_cfg, sim))
+        s = run_once(run_cfg, open_server(EmbeddedChoice(sim, api_key=run_cfg.secret_key(),
+                                                         pin=run_cfg.golden_al)))
         cache = s["cache"]
         rows.append({"lanes": n, "dir": str(out / f"c{n}"), "completed": s["completed"],
                      "hit_rate": cache.get("achieved_hit_rate"),

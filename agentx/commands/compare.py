@@ -6,9 +6,8 @@ figure per pair (agentx/ab/compare.py)."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from ..ab.spec import BootstrapOptions
+from ..ab.config import BootstrapOptions
 from ..metrics.percentiles import PercentilesOption
 from ..options import add_arguments, from_args, opt
 
@@ -45,7 +44,7 @@ def run(o: CompareOptions) -> int:
     from ..ab.report import print_ab
     from ..report.console import make_console
     from ..report.rebuild import find_runs, load_run
-    from ..rundir import default_dir
+    from ..rundir import CompareDir
 
     console = make_console()
     runs = [load_run(d) for d in find_runs(o.dirs)]
@@ -59,8 +58,7 @@ def run(o: CompareOptions) -> int:
         docs.append(compare_pair(a, b, labels=(labels[0], labels[i]), replicates=o.bootstrap,
                                  seed=o.seed, min_sessions=o.min_sessions,
                                  percentiles=o.percentiles, unpaired=o.unpaired, why=why))
-    out = Path(o.output_dir) if o.output_dir else default_dir(kind="compare")
-    made = write_outputs(out, docs, runs, o.plots)
+    made = write_outputs(CompareDir.at(o.output_dir).path, docs, runs, o.plots)
     for doc in docs:
         print_ab(doc, console, "compare")
         console.print(f"pairing: {doc['bootstrap']['resampled']}"

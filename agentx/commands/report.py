@@ -56,11 +56,12 @@ def run(o: ReportOptions) -> int:
     from ..report.console import make_console
     from ..report.html import ab_dirs
     from ..report.rebuild import find_runs, load_run
-    from ..report.runs import common_parent, report_many, report_one
+    from ..report.runs import report_many, report_one
+    from ..rundir import ABDir, ReportDir
 
     console = make_console()
     ab = ab_dirs(o.dirs)  # an `agentx ab` directory: its sides' runs (a/1, b/1, ...)
-    dirs = [str(x) for d in o.dirs for x in ([Path(d) / "a", Path(d) / "b"] if Path(d) in ab
+    dirs = [str(x) for d in o.dirs for x in ([Path(d) / s for s in ABDir.SIDES] if Path(d) in ab
                                              else [d])]
     runs = [load_run(d, gpus=o.gpus, slo=o.slo) for d in find_runs(dirs)]
     if o.percentiles:  # computed from the records where the run's summary lacks them
@@ -81,7 +82,7 @@ def run(o: ReportOptions) -> int:
 
         for r in runs:
             console.print(f"aiperf: {export(r.dir)}")
-    out = Path(o.output_dir) if o.output_dir else common_parent([r.dir for r in runs])
+    out = ReportDir.at(o.output_dir, *(r.dir for r in runs)).path
     if len(runs) == 1:
         code = report_one(runs[0], console, plots=o.plots)
     else:

@@ -121,17 +121,15 @@ class Connector(StrictModel):
     """Base of the registry; `kind` is each subclass's Literal discriminator."""
 
     kind: str
+    enabled: ClassVar[bool] = True  # a CPU tier exists (NoOffload: False)
     vllm_name: ClassVar[str] = ""  # vLLM's kv_connector name; "" = no connector
+    inferencex_name: ClassVar[str] = ""  # InferenceX's kv-offload-backend name (configs/*-master.yaml)
     store: ClassVar[StorePolicy] = StorePolicy(eager=True)
     loads: ClassVar[tuple[Signal, ...]] = ()
     stores: ClassVar[tuple[Signal, ...]] = ()
     sim_metrics: ClassVar[type[SimMetrics]] = SimMetrics
     load_gbps: ClassVar[float | None] = None  # the simulator's CPU->GPU rate (None: PCIe)
     step_cost: ClassVar[StepCost] = StepCost()  # per-step cost in the simulator (profiles override)
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.vllm_name)
 
     def store_policy(self) -> StorePolicy:
         """The policy with this recipe's options applied (default: the class's)."""

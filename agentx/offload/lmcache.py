@@ -38,6 +38,7 @@ class LMCache(Budgeted):
     page_cache_reserve_gib: int = opt(0, "GiB left for the checkpoint's page cache", ge=0)
 
     vllm_name = "LMCacheConnectorV1"
+    inferencex_name = "lmcache"
     store = StorePolicy(eager=True, chunk_tokens=CHUNK_SIZE)
     load_gbps = 20.0  # assumption: pinned-memory copies, capped by the profile's PCIe rate
 

@@ -74,6 +74,7 @@ class Mooncake(Budgeted):
                              "not wait on the store's existence check (vLLM's default: false)")
 
     vllm_name = "MooncakeStoreConnector"
+    inferencex_name = "mooncake"
     store = StorePolicy(eager=True)
     loads = (Signal("mooncake_keys_loaded", KEYS, {"operation": "load_get", "status": "ok"}),)
     stores = (Signal("mooncake_keys_saved", KEYS, {"operation": "save_put", "status": "ok"}),

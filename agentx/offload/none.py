@@ -10,3 +10,4 @@ from .base import Connector, StorePolicy
 class NoOffload(Connector):
     kind: Literal["none"] = opt("none", "no CPU KV tier")
     store = StorePolicy(eager=False)
+    enabled = False

@@ -53,6 +53,7 @@ class SimpleCPU(Budgeted):
                                 ge=1)
 
     vllm_name = "SimpleCPUOffloadConnector"
+    inferencex_name = "vllm-simple"
     store = StorePolicy(eager=False)  # the recipes' lazy_offload: true
     loads = (Signal("simple_kv_offload_blocks_loaded", vn.total(vn.SIMPLE_LOAD_BLOCKS),
                     {"phase": "completed"}),)

@@ -15,10 +15,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ..tokens.tokenizer import BuiltinTokenizer, HFTokenizer, Message
+from ..tokens.words import WORDS
 from .blocks import BlockFactory
 from .exact import Pieces, probe_template
-from .tokenizer import BuiltinTokenizer, HFTokenizer, Message
-from .words import WORDS
 
 ROLES = ("system", "user", "assistant")
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import orjson
 
+from .. import vllm_names as vn
 from ..records import read_records
 from ..rundir import RunDir, read_jsonl, write_bytes, write_json
 
@@ -34,11 +35,10 @@ ARTIFACTS = "aiperf_artifacts"  # InferenceX reads $RESULT_DIR/aiperf_artifacts/
 RECORDS, AGGREGATE, SERVER = ("profile_export.jsonl", "profile_export_aiperf.json",
                               "server_metrics_export.json")
 # metrics.jsonl's short key -> the vLLM counter InferenceX's vLLM adapter sums
-COUNTERS = {"prompt_tokens": "vllm:prompt_tokens", "generation_tokens": "vllm:generation_tokens",
-            "prefix_hits": "vllm:prefix_cache_hits", "prefix_queries": "vllm:prefix_cache_queries",
-            "external_hits": "vllm:external_prefix_cache_hits",
-            "external_queries": "vllm:external_prefix_cache_queries"}
-GAUGES = {"kv_usage": "vllm:kv_cache_usage_perc"}
+COUNTERS = {"prompt_tokens": vn.PROMPT_TOKENS, "generation_tokens": vn.GEN_TOKENS,
+            "prefix_hits": vn.PREFIX_HITS, "prefix_queries": vn.PREFIX_QUERIES,
+            "external_hits": vn.EXT_HITS, "external_queries": vn.EXT_QUERIES}
+GAUGES = {"kv_usage": vn.KV_USAGE}
 
 
 def _metric(value: float | int | None, unit: str) -> dict | None:

@@ -1,5 +1,5 @@
 """The cache-cliff planner's table and figure (`agentx cliff`; the figures themselves:
-agentx/metrics/cliff.py): predicted hit rate per tier against lanes, each tier's cliff, and
+agentx/cache_theory/cliff.py): predicted hit rate per tier against lanes, each tier's cliff, and
 the measured points of `--verify` over them."""
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from ..metrics.catalog import DISTS
 from ..metrics.concurrency import LANE, concurrency_line
 from ..metrics.percentiles import pct_key, shown
 from ..metrics.window import headline, not_steady_note
+from ..rundir import RunDir
 from .sessions import sessions_line
 from .target import gpus_of, load_text, target_text
 
@@ -121,7 +122,7 @@ def checked_text(v: dict) -> str:
     ran = [c["name"] for c in v.get("checks") or [] if c.get("ok") is not None]
     skipped = len(v.get("skipped") or [])
     return (f"checked: {', '.join(ran) or 'nothing'}; {skipped} skipped (no input: "
-            "summary.json validation.skipped)")
+            f"{RunDir.SUMMARY} validation.skipped)")
 
 
 def requests_line(summary: dict) -> str:
@@ -172,7 +173,7 @@ def throughput_lines(summary: dict) -> list[str]:
     cached = "" if share is None else f" ({_pct(share)} of it cached prompt)"
     out = [f"headline throughput: {_f(h['total_tok_s'])} tok/s total{cached}, "
            f"{_f(h['output_tok_s'])} output tok/s; {per_gpu_text(summary, h)}",
-           f"  headline = {h['definition']} (summary.json throughput.headline)"]
+           f"  headline = {h['definition']} ({RunDir.SUMMARY} throughput.headline)"]
     if h["source"] == "delivered":
         out.append(f"  not the headline: measured requests only (sent in the window; the "
                    f"latency table's): {_f(th['total_tok_s'])} tok/s total, "

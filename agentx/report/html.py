@@ -25,7 +25,7 @@ from .. import __version__
 from ..errors import InputError
 from ..metrics.catalog import DISTS
 from ..metrics.percentiles import pct_key, shown
-from ..rundir import RunDir
+from ..rundir import ABDir, ReportDir, RunDir
 from .console import GLOSSARY, THIN_P99, checked_text, summary_lines, title
 from .pareto import (
     INTERACTIVITY,
@@ -39,9 +39,7 @@ from .pareto import short_names as pareto_short_names
 from .rebuild import Run
 from .target import target_text
 
-REPORT_HTML = "report.html"  # one run's default file, in its directory
 OPEN_UP_TO = 3  # runs whose sections start unfolded; more start folded (<details>)
-AB_JSON, AB_PNG = "ab.json", "ab_cdf.png"  # written by `agentx ab` (agentx/ab/run.py)
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
 STYLE = """
@@ -59,7 +57,7 @@ pre{background:#f7f7f7;padding:.6em;overflow:auto;font-size:12px}
 
 def default_path(runs: list[Run], out: Path) -> Path:
     """One run: report.html in its directory; several: in the output directory."""
-    return (runs[0].dir if len(runs) == 1 else out) / REPORT_HTML
+    return (runs[0].dir if len(runs) == 1 else out) / ReportDir.HTML
 
 
 def write_html(path: Path, runs: list[Run], *, ab_dirs: list[Path] = (), goodput: bool = False,
@@ -216,7 +214,7 @@ def _lines(s: dict) -> str:
 
 def _config(s: dict) -> str:
     cfg = {k: s[k] for k in ("config", "labels", "run") if s.get(k)}
-    return (f"<details><summary>config, labels and run metadata (summary.json)</summary><pre>"
+    return (f"<details><summary>config, labels and run metadata ({RunDir.SUMMARY})</summary><pre>"
             f"{escape(json.dumps(cfg, indent=1, default=str))}</pre></details>")
 
 
@@ -247,16 +245,16 @@ def _pareto_section(runs: list[Run], names: list[str], figs: Figures, goodput: b
 
 def ab_dirs(paths: list[str]) -> list[Path]:
     """The given directories that hold an A/B result (ab.json)."""
-    return [Path(p) for p in paths if (Path(p) / AB_JSON).is_file()]
+    return [Path(p) for p in paths if (Path(p) / ABDir.JSON).is_file()]
 
 
 def _ab_section(d: Path, figs: Figures) -> str:
     """ab.json's table (as `agentx ab` prints it) and its ab_cdf.png as written."""
-    doc, broken = RunDir(d).read_json(AB_JSON)
+    doc, broken = ABDir(d).read_json(ABDir.JSON)
     if doc is None:
-        return f"<section><h2>A/B</h2><p>{escape(str(d / AB_JSON))} is {escape(broken)}</p>" \
+        return f"<section><h2>A/B</h2><p>{escape(str(d / ABDir.JSON))} is {escape(broken)}</p>" \
                "</section>"
-    png = d / AB_PNG
+    png = d / ABDir.CDF
     return ab_html(doc, png_img(png, "A/B CDFs") if figs.on and png.is_file() else "")
 
 

@@ -16,6 +16,8 @@ import math
 import statistics
 from collections.abc import Iterable
 
+from .. import vllm_names as vn
+
 STATS = ("mean", "p50", "p75", "p90", "p95")
 
 
@@ -190,15 +192,14 @@ def server_metrics(export: dict, rows: list[dict], pool_tokens: int | None) -> t
     KV pool's size, which InferenceX reads from the server log ("GPU KV cache size")."""
     metrics = export.get("metrics") or {}
     counter = ("total", "sum", "max", "avg")
-    hits, queries = _stat(export, "vllm:prefix_cache_hits", counter), \
-        _stat(export, "vllm:prefix_cache_queries", counter)
-    ext_hits, ext_queries = _stat(export, "vllm:external_prefix_cache_hits", counter), \
-        _stat(export, "vllm:external_prefix_cache_queries", counter)
-    usage = _stat(export, "vllm:kv_cache_usage_perc", ("max", "avg", "total"))
+    hits, queries = _stat(export, vn.PREFIX_HITS, counter), _stat(export, vn.PREFIX_QUERIES, counter)
+    ext_hits, ext_queries = _stat(export, vn.EXT_HITS, counter), \
+        _stat(export, vn.EXT_QUERIES, counter)
+    usage = _stat(export, vn.KV_USAGE, ("max", "avg", "total"))
     usage = usage / 100.0 if usage is not None and usage > 1.5 else usage
     gpu_rate, ext_rate = _rate(hits, queries), _rate(ext_hits, ext_queries)
-    prompt = _stat(export, "vllm:prompt_tokens", counter)
-    gen = _stat(export, "vllm:generation_tokens", counter)
+    prompt = _stat(export, vn.PROMPT_TOKENS, counter)
+    gen = _stat(export, vn.GEN_TOKENS, counter)
     isl, osl = _ints(rows, "input_sequence_length"), _ints(rows, "output_sequence_length")
     prompt_total = int(round(prompt)) if prompt is not None else (sum(isl) if isl else None)
     gen_total = int(round(gen)) if gen is not None else (sum(osl) if osl else None)

@@ -177,7 +177,7 @@ def server_timeseries(rows: list[dict], path: Path, title: str, summary: dict | 
 
 def gpu_power(rows: list[dict], path: Path, title: str, summary: dict | None = None,
               records: list[dict] | None = None) -> Path:
-    """Power per GPU over the run (NVML samples, metrics/gpu.py), with the warm-up, window and
+    """Power per GPU over the run (NVML samples, scrape/gpu.py), with the warm-up, window and
     drain shaded and the window's energy in the legend."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 4))

@@ -14,18 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
-from ..metrics import server_metrics as sm
 from ..metrics.goodput import goodput
-from ..metrics.gpu import gpu_rows, scrape_rows
 from ..metrics.outages import outages
-from ..metrics.prom import Snapshot
-from ..metrics.scraper import SERIES_KEYS
 from ..metrics.summary import summarize
 from ..records import valid_records
 from ..rundir import RunDir, read_jsonl, write_json
+from ..scrape import server_metrics as sm
+from ..scrape.gpu import gpu_rows, scrape_rows
+from ..scrape.prom import Snapshot
+from ..scrape.scraper import SERIES_KEYS
 
 REQUESTS, SUMMARY = RunDir.REQUESTS, RunDir.SUMMARY  # for the notes below
-KILLED = "killed: the run ended without writing summary.json; rebuilt from its records " \
+KILLED = f"killed: the run ended without writing {SUMMARY}; rebuilt from its records " \
          "by agentx report (window and config estimated, server series possibly partial)"
 
 
@@ -37,7 +37,7 @@ class Run:
     summary: dict
     records: list[dict]
     metrics: list[dict] = field(default_factory=list)  # metrics.jsonl's /metrics scrapes
-    gpu: list[dict] = field(default_factory=list)  # metrics.jsonl's GPU samples (metrics/gpu.py)
+    gpu: list[dict] = field(default_factory=list)  # metrics.jsonl's GPU samples (scrape/gpu.py)
     notes: list[str] = field(default_factory=list)  # what loading had to repair
 
 
@@ -78,7 +78,7 @@ def find_runs(paths: list[str]) -> list[Path]:
             continue
         subs = sorted(d for d in p.iterdir() if d.is_dir() and RunDir(d).is_run())
         if not subs:
-            raise InputError(str(p), "holds no run (no summary.json or requests.jsonl in it "
+            raise InputError(str(p), f"holds no run (no {SUMMARY} or {REQUESTS} in it "
                              "or its subdirectories)", field="DIR")
         out.extend(subs)
     return out

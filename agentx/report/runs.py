@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import InputError
-from ..rundir import RunDir
+from ..rundir import ReportDir, RunDir
 from .pareto import (
     INTERACTIVITY,
     frontier_key,
@@ -23,8 +23,6 @@ from .pareto import (
 )
 from .rebuild import Run, last_turns_of
 from .target import load_text, target_text
-
-CSV_NAME, PARETO_PNG = "runs.csv", "pareto.png"
 
 
 def report_one(run: Run, console: Console, *, plots: bool = True) -> int:
@@ -82,13 +80,13 @@ def report_many(runs: list[Run], out: Path, console: Console, *, goodput: bool =
                              "--slo ttft:MS,... to compute it from the records", field="--goodput")
     mark_frontiers(rows, y)
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, out / CSV_NAME)
+    write_csv(rows, out / ReportDir.RUNS_CSV)
     print_pareto(rows, y, y_label, console)
-    console.print(f"csv: {out / CSV_NAME}")
+    console.print(f"csv: {out / ReportDir.RUNS_CSV}")
     if plots:
         from .plots import pareto_plot
 
-        console.print(f"plot: {pareto_plot(rows, out / PARETO_PNG, y, y_label, missing)}")
+        console.print(f"plot: {pareto_plot(rows, out / ReportDir.PARETO, y, y_label, missing)}")
     return 0
 
 
@@ -123,5 +121,3 @@ def _f(v: float | None) -> str:
     return "-" if v is None else f"{v:,.1f}"
 
 
-def common_parent(dirs: list[Path]) -> Path:
-    return Path(os.path.commonpath([str(d.resolve().parent) for d in dirs]))

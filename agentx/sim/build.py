@@ -1,13 +1,13 @@
 """The simulated engine assembled from a SimConfig, in one place for the HTTP server and the
-offline runs (sim/offline.py): profile resolution, step timing, KV cache, offload tier (and its
+offline runs (sim_calibration/offline.py): profile resolution, step timing, KV cache, offload tier (and its
 store policy), speculative decoding, fidelity-mode delays and the /metrics state."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..offload import connector
 from .config import SimConfig
 from .engine import SimEngine
+from .fixed import FixedDelayEngine
 from .frontend import FrontEnd
 from .offload import OffloadTier
 from .profile import Resolved, prefill_cap, resolve
@@ -35,7 +35,7 @@ class BuiltEngine:
                 f"{r.kv_pool_tokens:,} tokens ({r.num_gpu_blocks} blocks of {r.block_size}), "
                 f"max_model_len {self.max_model_len:,}, spec K={cfg.spec_k}, offload "
                 f"{cfg.kv_offload}"
-                + (f" ({r.offload_blocks} CPU blocks)" if cfg.kv_offload != "none" else "")
+                + (f" ({r.offload_blocks} CPU blocks)" if cfg.offload_connector.enabled else "")
                 + f", time_scale {cfg.time_scale:g}")
 
 
@@ -57,9 +57,9 @@ def acceptance(cfg: SimConfig) -> Acceptance | None:
 def offload_tier(cfg: SimConfig, r: Resolved) -> OffloadTier | None:
     """The CPU tier; blocks are stored eagerly (as soon as computed) or lazily (on GPU
     eviction): --offload-store, by default the connector's store policy (agentx.offload)."""
-    if cfg.kv_offload == "none":
+    if not cfg.offload_connector.enabled:
         return None
-    store = connector(cfg.kv_offload).store
+    store = cfg.offload_connector.store
     eager = cfg.offload_store == "eager" if cfg.offload_store else store.eager
     return OffloadTier(r.offload_blocks, r.block_size, eager=eager,
                        chunk_tokens=cfg.offload_chunk_tokens or store.chunk_tokens)
@@ -76,14 +76,13 @@ def build_engine(cfg: SimConfig) -> BuiltEngine:
     if offload is not None:
         stats.set_offload_info(r.offload_blocks, lazy=not offload.eager)
     timing = StepTiming(r, cfg.spec_k, offload=cfg.kv_offload)
-    fixed = cfg.fixed_ttft_ms is not None
-    engine = SimEngine(num_blocks=r.num_gpu_blocks, block_size=r.block_size,
-                       max_num_seqs=r.max_num_seqs, max_batched_tokens=r.max_num_batched_tokens,
-                       timing=timing, stats=stats, time_scale=cfg.time_scale, spec=acceptance(cfg),
-                       offload=offload,
-                       fixed_ttft_s=cfg.fixed_ttft_ms / 1e3 if fixed else None,
-                       fixed_itl_s=cfg.fixed_itl_ms / 1e3 if fixed else None,
-                       prefill_cap=prefill_cap(r, max_model_len), full_isl=r.reserve_full_isl)
+    kw = dict(num_blocks=r.num_gpu_blocks, block_size=r.block_size, max_num_seqs=r.max_num_seqs,
+              max_batched_tokens=r.max_num_batched_tokens, timing=timing, stats=stats,
+              time_scale=cfg.time_scale, spec=acceptance(cfg), offload=offload,
+              prefill_cap=prefill_cap(r, max_model_len), full_isl=r.reserve_full_isl)
+    engine = (SimEngine(**kw) if cfg.fixed_ttft_ms is None else
+              FixedDelayEngine(fixed_ttft_s=cfg.fixed_ttft_ms / 1e3,
+                               fixed_itl_s=cfg.fixed_itl_ms / 1e3, **kw))
     return BuiltEngine(cfg, r, max_model_len, timing, stats, engine, frontend(r.profile.calibration))
 
 
@@ -94,7 +93,7 @@ def frontend(cal) -> FrontEnd:
 
 def cache_config_labels(cfg: SimConfig, r: Resolved, max_model_len: int) -> dict[str, str]:
     """Labels of vllm:cache_config_info as vLLM's CacheConfig reports them."""
-    off = cfg.kv_offload != "none"
+    off = cfg.offload_connector.enabled
     return {"block_size": str(r.block_size),
             "cache_dtype": "fp8" if r.profile.model.kv_bytes == 1 else "auto",
             "enable_prefix_caching": "True", "engine": cfg.engine_id,
@@ -102,7 +101,7 @@ def cache_config_labels(cfg: SimConfig, r: Resolved, max_model_len: int) -> dict
             "kv_cache_memory_bytes": str(int(r.kv_pool_bytes_rank)),
             "kv_cache_size_tokens": str(r.kv_pool_tokens),
             "kv_cache_max_concurrency": f"{r.kv_pool_tokens / max_model_len:.1f}",
-            "kv_offloading_backend": connector(cfg.kv_offload).vllm_name or "native",
+            "kv_offloading_backend": cfg.offload_connector.vllm_name or "native",
             "kv_offloading_size": f"{r.offload_bytes / 1e9:g}" if off else "None",
             "num_cpu_blocks": str(r.offload_blocks) if off else "None",
             "num_gpu_blocks": str(r.num_gpu_blocks), "num_gpu_blocks_override": "None",

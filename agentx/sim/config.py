@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from ..offload import Kind
+from ..offload import Connector, Kind, connector
 from ..options import FieldError, StrictModel, opt
 
 FAIL_KINDS: tuple[str, ...] = ("429", "500", "503", "reset", "stall", "malformed", "slow-headers")
@@ -105,6 +105,11 @@ class SimConfig(StrictModel):
                                 group=TIME)
 
     extra: dict = opt(None, "free-form settings for experiments", factory=dict, cli=False)
+
+    @property
+    def offload_connector(self) -> type[Connector]:
+        """The class of `kv_offload`: whether a tier exists, its store policy, its families."""
+        return connector(self.kv_offload)
 
     @model_validator(mode="after")
     def _consistent(self) -> "SimConfig":

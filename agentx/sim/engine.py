@@ -10,9 +10,9 @@ One asyncio task runs steps back to back, as vLLM's EngineCore does:
   3. apply it: commit filled blocks to the prefix cache, sample 1 (+accepted drafts) tokens
      per decoding request, push them to the request's HTTP handler, retire finished ones.
 All times are wall-clock (perf_counter) of this process; modelled durations are scaled.
-Offline (sim/offline.py) the same steps run on a virtual clock instead: `use_virtual_clock()`,
+Offline (sim_calibration/offline.py) the same steps run on a virtual clock instead: `use_virtual_clock()`,
 then `step_offline()` per step, no sleeping. The fidelity mode (fixed TTFT/ITL, no batching
-model) lives in sim/fixed.py; sim/build.py assembles an engine from a SimConfig.
+model) is the subclass in sim/fixed.py; sim/build.py assembles an engine from a SimConfig.
 """
 from __future__ import annotations
 
@@ -37,15 +37,12 @@ class SimEngine(Scheduler):
     def __init__(self, *, num_blocks: int, block_size: int, max_num_seqs: int, max_batched_tokens: int,
                  timing: StepTiming, stats: EngineStats, time_scale: float = 1.0,
                  spec: Acceptance | None = None, offload: OffloadTier | None = None,
-                 fixed_ttft_s: float | None = None, fixed_itl_s: float | None = None,
                  prefill_cap: int = 0, full_isl: bool = True) -> None:
         super().__init__(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                          max_batched_tokens=max_batched_tokens, timing=timing, stats=stats,
                          time_scale=time_scale, k=spec.k if spec is not None else 0, offload=offload,
                          prefill_cap=prefill_cap, full_isl=full_isl)
         self.spec = spec
-        self.fixed_ttft = fixed_ttft_s
-        self.fixed_itl = fixed_itl_s
         self.wake = asyncio.Event()  # set when there is new work (or an abort) to look at
         self._task: asyncio.Task | None = None
         self.steps = 0
@@ -76,11 +73,7 @@ class SimEngine(Scheduler):
             self.offload.reset()
 
     def start(self) -> None:
-        from .fixed import run_fixed
-
-        loop = asyncio.get_running_loop()
-        self._task = loop.create_task(run_fixed(self) if self.fixed_ttft is not None
-                                      else self._run())
+        self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
         """Stop stepping; requests still in flight finish with `abort` so their handlers return."""

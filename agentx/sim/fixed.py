@@ -9,16 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
 
 from ..aio import sleep_until
+from .engine import SimEngine
 from .request import FINISHED, RUNNING, SimRequest
 
-if TYPE_CHECKING:
-    from .engine import SimEngine
+
+class FixedDelayEngine(SimEngine):
+    """The engine in fidelity mode: its task starts a timer task per admitted request instead of
+    stepping a batch (sim/build.py builds it when --fixed-ttft-ms is set)."""
+
+    def __init__(self, *, fixed_ttft_s: float, fixed_itl_s: float, **engine) -> None:
+        super().__init__(**engine)
+        self.fixed_ttft = fixed_ttft_s
+        self.fixed_itl = fixed_itl_s
+
+    async def _run(self) -> None:
+        await run_fixed(self)
 
 
-async def run_fixed(eng: SimEngine) -> None:
+async def run_fixed(eng: FixedDelayEngine) -> None:
     """The engine's task in fidelity mode: start a timer task per admitted request."""
     loop = asyncio.get_running_loop()
     timers: set[asyncio.Task] = set()  # referenced until done (the loop keeps weak refs only)
@@ -36,7 +46,7 @@ async def run_fixed(eng: SimEngine) -> None:
         await eng.wake.wait()
 
 
-async def _one(eng: SimEngine, req: SimRequest) -> None:
+async def _one(eng: FixedDelayEngine, req: SimRequest) -> None:
     t = req.arrival_ns / 1e9 + eng.fixed_ttft / eng.scale
     eng.stats.on_prefix_lookup(req.prompt_len, 0, 0, eng.offload is not None)
     while not req.aborted:

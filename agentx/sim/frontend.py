@@ -11,7 +11,7 @@ finishes them, not the order they arrived. `servers = 0` means unlimited capacit
 held exactly its own work, independently: the model before 2026-12-02).
 
 `FrontEnd` is pure bookkeeping on a caller's clock (seconds); the served simulator drives it from
-its event loop (`ServedFrontEnd`), the replay (sim/replay.py) from its virtual clock.
+its event loop (`ServedFrontEnd`), the replay (sim_calibration/replay.py) from its virtual clock.
 """
 from __future__ import annotations
 

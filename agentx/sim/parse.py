@@ -27,7 +27,7 @@ import numpy as np
 import orjson
 from aiohttp import web
 
-from ..prompt.tokenizer import VOCAB_SIZE, BuiltinTokenizer
+from ..tokens.tokenizer import VOCAB_SIZE, BuiltinTokenizer
 from . import protocol as P
 from .config import SimConfig
 from .kvcache import block_hashes

@@ -194,7 +194,7 @@ def resolve(cfg: SimConfig, prof: Profile | None = None) -> Resolved:
     if blocks <= 0:
         raise InputError("serve-sim", "KV pool is smaller than one block", field="kv_pool_tokens")
     off_blocks, off_bytes = 0, 0.0
-    if cfg.kv_offload != "none":
+    if cfg.offload_connector.enabled:
         gb = cfg.offload_gb if cfg.offload_gb is not None else e.offload_gb
         off_bytes = gb * GB
         # the tier holds every rank's share of a block: bytes per block across the TP group

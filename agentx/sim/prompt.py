@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ..prompt.tokenizer import BuiltinTokenizer
-from ..prompt.words import WORDS
+from ..tokens.tokenizer import BuiltinTokenizer
+from ..tokens.words import WORDS
 
 _EMPTY = np.zeros(0, dtype=np.uint32)
 

@@ -181,7 +181,7 @@ class EngineStats:
         # scheduler (sim/sched.py `_count_waiting`)
         self.kv_fetch: dict[str, int] = dict.fromkeys(vn.KV_FETCH_STAGES, 0)
         self.g_kv_fetch = {}
-        if offload != "none":
+        if connector(offload).enabled:
             fetch = Gauge(vn.KV_FETCH_BY_STAGE, "Number of waiting requests by async KV load stage.",
                           L + ["stage"], registry=r)
             self.g_kv_fetch = {st: fetch.labels(stage=st, **lv) for st in vn.KV_FETCH_STAGES}

@@ -2,7 +2,7 @@
 
 No hub access exists here, so the tests make their own model: a byte-level BPE tokenizer trained
 on local text (Python stdlib sources plus agentx's prompt vocabulary, so that every ` word` of
-agentx.prompt.words.WORDS is one token and the token-exact synthesis can use them), a ChatML
+agentx.tokens.words.WORDS is one token and the token-exact synthesis can use them), a ChatML
 chat template with a Qwen3-style thinking switch, a 2-layer Qwen3-shaped model with random
 weights and a 1-layer random EAGLE3 draft for it. Weights are written with numpy (no torch in
 the project venv) as float32 safetensors; config says bfloat16 so vLLM casts at load time and
@@ -120,7 +120,7 @@ def _corpus() -> list[str]:
 def _vocab_words() -> list[str]:
     sys.path.insert(0, str(REPO))
     try:
-        from agentx.prompt.words import WORDS
+        from agentx.tokens.words import WORDS
     finally:
         sys.path.pop(0)
     return sorted(set(WORDS))

@@ -13,7 +13,7 @@ from typing import Sequence
 
 from agentx import offload
 from agentx import vllm_names as vn
-from agentx.metrics.prom import (
+from agentx.scrape.prom import (
     Snapshot,
     chain,
     counter_delta,

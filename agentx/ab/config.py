@@ -9,7 +9,7 @@ from pydantic import model_validator
 
 from ..config import RunConfig
 from ..options import FieldError, StrictModel, opt
-from ..rundir import default_dir, trace_label
+from ..rundir import ABDir
 from ..sim.config import SimConfig
 
 AB = "A/B comparison"
@@ -73,7 +73,7 @@ class ABConfig(RunConfig, BootstrapOptions):
         (and its offload tier's size where its recipe gives it and --offload-tokens does not)."""
         data = self.model_dump(exclude=set(ABConfig.model_fields) - set(RunConfig.model_fields))
         data.update(base_url=base_url, seed=self.seed + repeat - 1, overwrite=True,
-                    output_dir=str(out / side / str(repeat)), api_key=self.api_key,
+                    output_dir=str(ABDir(out).side_run(side, repeat)), api_key=self.api_key,
                     labels={**self.labels, "ab_side": self.side_name(side),
                             "repeat": str(repeat)})
         if model:
@@ -95,6 +95,3 @@ class ABConfig(RunConfig, BootstrapOptions):
             return [(s, i) for i in r for s in ("a", "b")]
         return [("a", i) for i in r] + [("b", i) for i in r]
 
-
-def default_ab_dir(cfg: ABConfig) -> Path:
-    return default_dir(trace_label(cfg.trace), f"c{cfg.conc}", kind="ab")

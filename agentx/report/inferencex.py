@@ -3,7 +3,7 @@
 InferenceX (github.com/SemiAnalysisAI/InferenceX at 843c6254ff69b567f772f6a5fd97675af3d04431)
 runs AIPerf for this scenario and turns its `aiperf_artifacts/` into the aggregate its
 dashboard ingests with `utils/agentic/aggregation/process_agentic_result.py` (`build_agg`). A
-cell gets both: `aiperf_artifacts/` (report/aiperf_export.py), which that script reads as it
+cell gets both: `aiperf_artifacts/` (aiperf_export.py), which that script reads as it
 reads an AIPerf run's, and `inferencex.json`, the aggregate itself with every key `build_agg`
 writes for a single-node run. summary.json takes the same keys except `server_metrics` (agentx's
 own block, which its reports read). docs/inferencex.md has the field table with source lines.
@@ -21,16 +21,14 @@ from pathlib import Path
 
 import orjson
 
-from ..report import aiperf_export as ax
-from ..report import inferencex_metrics as ixm
+from ..recipe.render import expand, tier
+from ..recipe.schema import Point, Recipe
 from ..rundir import RunDir, read_jsonl, write_json
-from .render import expand, tier
-from .schema import Point, Recipe
+from . import aiperf_export as ax
+from . import inferencex_metrics as ixm
 
 SCENARIO = "agentic-coding"
 FILE = "inferencex.json"  # InferenceX's $RESULT_FILENAME.json for this cell
-# agentx's connector kind -> InferenceX's kv-offload-backend name (configs/*-master.yaml)
-BACKENDS = {"simple-cpu": "vllm-simple", "mooncake": "mooncake", "lmcache": "lmcache"}
 SUMMARY_SKIP = ("server_metrics", "warnings")  # summary.json keeps agentx's own server_metrics
 
 
@@ -45,7 +43,7 @@ def spec_decoding(recipe: Recipe, point: Point) -> str:
 def allocated_cpu_dram_gb(recipe: Recipe, point: Point) -> int:
     """The KV tier's host-DRAM budget in GB (1e9 bytes); 0 without a tier or a budget (what
     InferenceX writes when TOTAL_CPU_DRAM_GB is unset)."""
-    if recipe.offload(point).kind == "none":
+    if not recipe.offload(point).enabled:
         return 0
     try:
         return int(tier(recipe, point).allocated_gb or 0)
@@ -64,7 +62,7 @@ def model_id(recipe: Recipe) -> str:
 
 def identity(recipe: Recipe, point: Point, conc: int) -> dict:
     """The configuration keys of `build_agg`, in its order, typed as it writes them."""
-    kind = recipe.offload(point).kind
+    off = recipe.offload(point)
     return {
         "hw": recipe.hardware, "conc": conc, "image": recipe.image or "",
         "recipe_fingerprint": "", "model": model_id(recipe),
@@ -73,8 +71,8 @@ def identity(recipe: Recipe, point: Point, conc: int) -> dict:
         "spec_decoding": spec_decoding(recipe, point), "disagg": False,
         "scenario_type": SCENARIO, "is_multinode": False, "tp": point.gpus, "ep": point.ep,
         "dp_attention": "true" if point.dp_attention else "false",
-        "kv_offloading": "none" if kind == "none" else "dram",
-        "kv_offload_backend": None if kind == "none" else {"name": BACKENDS.get(kind, kind)},
+        "kv_offloading": "dram" if off.enabled else "none",
+        "kv_offload_backend": {"name": off.inferencex_name or off.kind} if off.enabled else None,
         "allocated_cpu_dram_gb": allocated_cpu_dram_gb(recipe, point),
     }
 

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from agentx.metrics.server_metrics import CORE_FAMILIES
+from agentx.scrape.server_metrics import CORE_FAMILIES
 
 THINKING_MODES = ("on", "off")
 SAMPLES = "samples"  # the check whose failure makes the verdict `insufficient`
@@ -52,7 +52,7 @@ class Expectations:
       achieved rate split by the server's per-tier hits (prefix_cache vs external_cache)
       with the same tolerance.
     - theory_band: {"pool", "gpu", "offload"} -> [low, high], the tiered theory with both
-      capacities 10% smaller and larger (agentx.metrics.tiers.theory_band); the achieved
+      capacities 10% smaller and larger (agentx.cache_theory.tiers.theory_band); the achieved
       rates pass anywhere in it, widened by the tolerance. Near the capacity where the
       working set stops fitting, the theory moves by tens of points for a 10% change and
       cannot say which side a correct server lands on; elsewhere the band is narrow.

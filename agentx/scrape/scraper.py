@@ -6,7 +6,7 @@ and the run goes on; the validator reports missing metrics instead.
 
 A scrape costs 10-40 ms of Python (HTTP, then parsing a 50 KB page), which on the
 event loop that timestamps streamed tokens delays every chunk arriving meanwhile: runs
-scrape from a child process (scrape_process.py), which sends this object back when stopped.
+scrape from a child process (process.py), which sends this object back when stopped.
 
 With ``out_path`` each successful scrape is also appended to that file (metrics.jsonl) as one
 complete line, one write(2) each, as it is taken: a run killed mid-way keeps its series.
@@ -23,9 +23,9 @@ import aiohttp
 import orjson
 
 from agentx.aio import cancel_and_wait
-from agentx.metrics import server_metrics as sm
-from agentx.metrics.prom import SampleKey, Snapshot, parse_metrics
 from agentx.records import write_line
+from agentx.scrape import server_metrics as sm
+from agentx.scrape.prom import SampleKey, Snapshot, parse_metrics
 from agentx.urls import redact_url, scrub
 
 # Short keys for the time series kept in results → (sample name, how engines combine).
@@ -114,7 +114,7 @@ class MetricsScraper:
         self._keys: dict[SampleKey, SampleKey] = {}
         self._parse_in_thread = parse_in_thread  # False when already off the benchmark loop
         self._out = None
-        if out_path is not None:  # appending: the GPU sampler (metrics/gpu.py) writes there too
+        if out_path is not None:  # appending: the GPU sampler (scrape/gpu.py) writes there too
             open(out_path, "wb").close()
             self._out = open(out_path, "ab", buffering=0)
 

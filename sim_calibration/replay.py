@@ -5,9 +5,9 @@ at its recorded send time at the modelled API server (sim/frontend.py: a queue s
 requests), leaves it when its work is done, and enters the engine built by `build.build_engine`
 (the served simulator's engine). Hits are either exactly the recorded ones (its first
 `cached_tokens` made resident just before it is queued) or, given block identities derived from
-the trace (sim/realruns.py), decided by the simulator's own cache and offload tier. So the arrival
+the trace (sim_calibration/realruns.py), decided by the simulator's own cache and offload tier. So the arrival
 pattern, prompt sizes and output lengths are the real ones and only the server's timing is
-modelled. `python -m agentx.sim.fit` fits the profile with it; bench/sim_vs_real.py compares
+modelled. `python -m sim_calibration.fit` fits the profile with it; bench/sim_vs_real.py compares
 every real run under tests/data with it.
 """
 from __future__ import annotations
@@ -15,12 +15,12 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ..dist import dist
-from ..rundir import RunDir, read_jsonl
-from .build import build_engine, frontend
-from .config import SimConfig
-from .request import SimRequest
-from .timing import StepTiming
+from agentx.dist import dist
+from agentx.rundir import RunDir, read_jsonl
+from agentx.sim.build import build_engine, frontend
+from agentx.sim.config import SimConfig
+from agentx.sim.request import SimRequest
+from agentx.sim.timing import StepTiming
 
 
 def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
@@ -31,7 +31,7 @@ def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
 
     `calib` overrides fields of the profile's calibration section (what the fits vary). Without
     `keys` each request gets exactly its recorded prefix hit (made resident just before it is
-    queued); with `keys` (request_id -> block hashes, sim/realruns.py) the simulator's own KV
+    queued); with `keys` (request_id -> block hashes, sim_calibration/realruns.py) the simulator's own KV
     cache and offload tier decide the hits."""
     built = build_engine(cfg.model_copy(update={"time_scale": 1.0, "fixed_ttft_ms": None,
                                                 "fixed_itl_ms": None}))

@@ -74,7 +74,7 @@ class ScraperProcess:
 
     async def start(self) -> None:
         self._proc = p = spawn_python(  # a Ctrl-C while it starts is the parent's to handle
-            "from agentx.metrics.scrape_process import _child_main; _child_main()")
+            "from agentx.scrape.process import _child_main; _child_main()")
         try:
             _write(p.stdin, self._args)
             self.first = await asyncio.wait_for(asyncio.to_thread(_read, p.stdout),

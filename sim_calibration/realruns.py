@@ -3,7 +3,7 @@
 Each entry names a run's records and summary and the vLLM server flags its README states (speculative
 decoding, forced pool size, offload connector); the pool size itself is the one the run's summary
 recorded. `keys()` re-derives every request's KV block identities from the trace (as
-agentx.metrics.tiers does for the client's cache model), so a replay can let the simulator's own
+agentx.cache_theory.tiers does for the client's cache model), so a replay can let the simulator's own
 prefix cache decide hits where the pool is far smaller than the working set. `jittered()` gives
 the send times of one replay of an ensemble (bench/sim_vs_real.py --replays).
 """
@@ -16,16 +16,16 @@ from pathlib import Path
 
 import orjson
 
-from ..prompt.synth import Conversation, SynthConfig
-from ..prompt.token_model import builtin_model
-from ..rundir import read_jsonl
-from ..trace.model import Turn
-from .config import SimConfig
+from agentx.prompt.synth import Conversation, SynthConfig
+from agentx.prompt.token_model import builtin_model
+from agentx.rundir import RunDir, read_jsonl
+from agentx.sim.config import SimConfig
+from agentx.trace.model import Turn
 
 PROFILE = "h200-qwen3-8b-bf16"
 # the runs ship with the repository, not the package: found from this file in a checkout (or an
 # editable install of one), whatever the working directory
-DATA = Path(__file__).resolve().parents[2] / "tests" / "data"
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 
 
 @dataclass
@@ -50,20 +50,24 @@ class RealRun:
 _OFFLOAD = {"kv_offload": "simple-cpu", "offload_gb": 64.424509440, "offload_store": "lazy"}
 
 
+def _files(folder: Path, prefix: str = "") -> tuple[Path, Path]:
+    """A run's records and summary: a run directory's (RunDir names), or copies of them named
+    `<prefix>requests.jsonl` and `<prefix>summary.json` side by side."""
+    return folder / f"{prefix}{RunDir.REQUESTS}", folder / f"{prefix}{RunDir.SUMMARY}"
+
+
 def runs(data: Path) -> list[RealRun]:
     """Every run under data/h200-runs, h200-runs-2 and h200-runs-3 (READMEs there give the
     flags); offb-r1 and offb-r2 repeat offb on the same server: one group."""
     a, b, c = data / "h200-runs", data / "h200-runs-2", data / "h200-runs-3"
-    out = [RealRun("base", a / "base/requests.jsonl", a / "base/summary.json", {}, False),
-           RealRun("spec", a / "spec/requests.jsonl", a / "spec/summary.json",
-                   {"spec_k": 3, "synthetic_al": 2.78}, False),
-           RealRun("offA", a / "offA/requests.jsonl", a / "offA/summary.json", {}, True),
-           RealRun("offB", a / "offB/requests.jsonl", a / "offB/summary.json", _OFFLOAD, True),
-           RealRun("spec32", b / "spec32-requests.jsonl", b / "spec32-summary.json",
-                   {"spec_k": 3, "synthetic_al": 2.5}, False),
-           RealRun("offb", b / "offb-requests.jsonl", b / "offb-summary.json", _OFFLOAD, True),
-           *(RealRun(f"offb-{r}", c / f"offb-{r}-requests.jsonl", c / f"offb-{r}-summary.json",
-                     _OFFLOAD, True, group="offb") for r in ("r1", "r2"))]
+    out = [RealRun("base", *_files(a / "base"), {}, False),
+           RealRun("spec", *_files(a / "spec"), {"spec_k": 3, "synthetic_al": 2.78}, False),
+           RealRun("offA", *_files(a / "offA"), {}, True),
+           RealRun("offB", *_files(a / "offB"), _OFFLOAD, True),
+           RealRun("spec32", *_files(b, "spec32-"), {"spec_k": 3, "synthetic_al": 2.5}, False),
+           RealRun("offb", *_files(b, "offb-"), _OFFLOAD, True),
+           *(RealRun(f"offb-{r}", *_files(c, f"offb-{r}-"), _OFFLOAD, True, group="offb")
+             for r in ("r1", "r2"))]
     return [r for r in out if r.requests.exists()]
 
 

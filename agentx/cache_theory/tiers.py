@@ -28,10 +28,10 @@ smaller and larger: the band validation accepts (docs/metrics.md).
 from __future__ import annotations
 
 from agentx import offload
-from agentx.metrics.prom import Snapshot
 from agentx.prefix_cache import Admission, TieredCache, sent_keys
 from agentx.prompt.synth import Conversation, SynthConfig
 from agentx.prompt.token_model import builtin_model
+from agentx.scrape.prom import Snapshot
 from agentx.trace.model import Subagent, Trace, TraceSet, Turn
 from agentx.vllm_names import CACHE_CONFIG, SIMPLE_INFO
 from agentx.vllm_names import int_label as _int

@@ -5,7 +5,7 @@ cache, offload tier, roofline), but its steps advance a virtual clock instead of
 benchmark scenario (closed loop at fixed concurrency, like `vllm bench serve
 --max-concurrency`) takes milliseconds and is deterministic.
 
-    python -m agentx.sim.offline            # prints the table of docs/simulator.md §Timing
+    python -m sim_calibration.offline            # prints the table of docs/simulator.md §Timing
 """
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import statistics
 import sys
 from dataclasses import dataclass
 
-from ..dist import dist
-from .build import build_engine
-from .config import SimConfig
-from .profile import resolve
-from .request import SimRequest
-from .timing import StepTiming
+from agentx.dist import dist
+from agentx.sim.build import build_engine
+from agentx.sim.config import SimConfig
+from agentx.sim.profile import resolve
+from agentx.sim.request import SimRequest
+from agentx.sim.timing import StepTiming
 
 
 @dataclass
@@ -162,7 +162,7 @@ def table(out=sys.stdout) -> list[dict]:
 
 def single_stream(out=sys.stdout) -> None:
     """Single-stream TPOT and prefill throughput of every shipped profile."""
-    from .profile import shipped
+    from agentx.sim.profile import shipped
 
     print("| profile | TP | KV pool tokens | 1-stream TPOT (ms, 2k ctx) | 1-stream TPOT (ms, 100k ctx) | "
           "prefill tok/s (32k prompt) |", file=out)

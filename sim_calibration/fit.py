@@ -1,9 +1,9 @@
 """Fit the h200-qwen3-8b-bf16 profile's engine and front-end constants to the real H200 runs, and
 write them into the profile YAML.
 
-    python -m agentx.sim.fit            # fit, print residuals, leave the YAML alone
-    python -m agentx.sim.fit --write    # ... and write the constants into the shipped profile
-    python -m agentx.sim.fit --data DIR # the runs under DIR (default: the repository's tests/data)
+    python -m sim_calibration.fit            # fit, print residuals, leave the YAML alone
+    python -m sim_calibration.fit --write    # ... and write the constants into the shipped profile
+    python -m sim_calibration.fit --data DIR # the runs under DIR (default: the repository's tests/data)
 
 1. Decode (`attn_mbu`, `per_seq_overhead_us`): replay.fit_decode on the 8-lane base run, the
    8-stream steady step held at its anchor (docs/simulator.md §Calibration).
@@ -27,9 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError
-from ..options import StrictModel, add_arguments, from_args, opt
-from ..yamlconf import config_flags
+from agentx.errors import InputError
+from agentx.options import StrictModel, add_arguments, from_args, opt
+from agentx.yamlconf import config_flags
+
 from .realruns import DATA, runs
 from .replay import DECODE_ANCHOR, figures, fit_decode, measured, replay, replay_figures
 
@@ -114,7 +115,7 @@ def write_profile(path: Path, calib: dict) -> None:
         if pat.search(text):
             text = pat.sub(lambda m, v=val: m.group(1) + v, text)
         else:
-            text = text.rstrip("\n") + f"\n  {k}: {val}  # written by python -m agentx.sim.fit\n"
+            text = text.rstrip("\n") + f"\n  {k}: {val}  # written by python -m sim_calibration.fit\n"
     path.write_text(text, encoding="utf-8")
 
 
@@ -124,7 +125,7 @@ class FitOptions(StrictModel):
 
 
 def main(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(prog="python -m agentx.sim.fit", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m sim_calibration.fit", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(ap, FitOptions)
     ns = ap.parse_args(argv)

@@ -144,11 +144,12 @@ def test_mooncake_looks_the_store_up_from_the_first_block_and_saves_the_whole_pr
 @pytest.mark.parametrize("path", MOONCAKE_RUNS, ids=lambda p: p.name)
 def test_mooncake_tier_model_on_real_records(swe, path):
     """Real Mooncake runs (tests/data/h200-runs-4: 16 lanes that loaded, 32 lanes that never
-    did; h200-runs-5: the A/B's Mooncake side, 16 lanes), replayed with MooncakeStoreConnector's lookup and save (`whole`) in the server's
-    waiting queue, the tier sized as the master keeps it (x 0.76 of the 59 GB segment): within
-    5 points of the hit rate vLLM reported. Where it loaded, the tier's share is within
-    validation's 10 points of the server's split; where it never did, the lazy model over the
-    whole segment (what those runs were validated with) was over 10 points off."""
+    did; h200-runs-5: the A/B's Mooncake side, 16 lanes), replayed with MooncakeStoreConnector's
+    lookup and save (`whole`) in the server's waiting queue, the tier sized as the master keeps
+    it (x 0.76 of the 59 GB segment): within 5 points of the hit rate vLLM reported. Where it
+    loaded, the tier's share is within validation's 10 points of the server's split; where it
+    never did, the lazy model over the whole segment (what those runs were validated with) was
+    over 10 points off."""
     records, summary = _run(path)
     held = int(MOONCAKE_SEGMENT_TOKENS * Mooncake().held_fraction())
 

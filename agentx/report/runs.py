@@ -4,7 +4,6 @@ closing report)."""
 from __future__ import annotations
 
 import csv
-import os
 from pathlib import Path
 
 from rich.console import Console

@@ -24,7 +24,7 @@ from .client.config import basic_auth, without_credentials
 from .client.http import ClientConfig, first_model, make_session, probe_error, server_version
 from .config import RunConfig, run_dir
 from .engine.drive import DriveResult, DriveSpec, drive, split_lanes
-from .engine.lanes import Engine
+from .engine.lanes import LaneEngine
 from .engine.workers import WorkerPool, auto_workers, usable_cores, worker_name
 from .errors import InputError, OutputError, RunLost
 from .metrics.arrivals import arrival_summary
@@ -34,12 +34,12 @@ from .metrics.goodput import goodput
 from .metrics.outages import outages
 from .metrics.summary import dist, summarize
 from .metrics.window import Window, delivered, headline, measurement_window, server_throughput
-from .plan import split_count, trace_times
 from .prompt.token_model import TokenModel, builtin_model, hf_model
 from .report.sessions import write_session_files
 from .rundir import RunDir, merge_record_files, read_jsonl, write_json
 from .scrape.gpu import energy_block
 from .scrape.server_metrics import kv_pool
+from .session_plan import split_count, trace_times
 from .targets.base import Server, Target, UrlServer
 from .trace.load import load_traces
 from .trace.model import TraceSet
@@ -222,7 +222,7 @@ async def _drive_here(cfg: RunConfig, spec: DriveSpec, tm: TokenModel, traces: T
     done = asyncio.Event()
     prog: list[asyncio.Task] = []
 
-    def on_engine(engine: Engine) -> None:
+    def on_engine(engine: LaneEngine) -> None:
         aio.install_stop_signals(loop, engine.request_stop, STOP_NOTICE)
         if cfg.progress:
             prog.append(asyncio.create_task(_progress(cfg, engine.stats, done)))

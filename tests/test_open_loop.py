@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from agentx.config import RunConfig, run_dir
-from agentx.plan import poisson_times
 from agentx.run import max_overlap, run
 from agentx.rundir import read_jsonl
+from agentx.session_plan import poisson_times
 from agentx.targets.embedded import EmbeddedSim
 from helpers import write_trace
 

@@ -21,8 +21,8 @@ import sys
 import threading
 
 from ..aio import new_event_loop
+from ..child_process import spawn_python
 from ..errors import InputError
-from ..lifeline import spawn_python
 from .config import SimConfig
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..config import RunConfig
 from ..errors import InputError
-from ..golden import GoldenPin
+from ..golden_al import GoldenPin
 from ..sim.config import SimConfig
 from ..sim.embedded import SimProcess, start_in_process
 from .base import Server, Target

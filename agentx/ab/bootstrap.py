@@ -137,7 +137,7 @@ def paired_weights(a: SideData, b: SideData, rng: np.random.Generator,
     return (counts[:, [idx[k] for k in ka]][:, a.owner], counts[:, [idx[k] for k in kb]][:, b.owner])
 
 
-def point(d: SideData, metrics: Sequence["ABMetric"] | None = None) -> dict[str, float | None]:
+def point_estimate(d: SideData, metrics: Sequence["ABMetric"] | None = None) -> dict[str, float | None]:
     """Each metric over all of the side's requests, once (no resampling)."""
     one = np.ones((1, d.owner.size), np.int64)
     return {m.name: _num(m.compute(d, one)[0]) for m in (METRICS if metrics is None else metrics)}
@@ -145,7 +145,7 @@ def point(d: SideData, metrics: Sequence["ABMetric"] | None = None) -> dict[str,
 
 def weighted_percentile(values: np.ndarray, w: np.ndarray, q: float) -> np.ndarray:
     """Per row of `w`: the q-th percentile of `values` each repeated w times, by numpy's
-    linear rule (dist.py) — without building the repeated samples."""
+    linear rule (distribution.py) — without building the repeated samples."""
     ok = ~np.isnan(values)
     order = np.argsort(values[ok], kind="stable")
     v, w = values[ok][order], w[:, ok][:, order]
@@ -260,7 +260,7 @@ def compare(a: SideData, b: SideData, *, replicates: int = 2000, seed: int = 0,
         wa, wb = paired_weights(a, b, rng, replicates) if paired \
             else (weights(a, rng, replicates), weights(b, rng, replicates))
     with np.errstate(divide="ignore", invalid="ignore"):
-        pa, pb = point(a, metrics), point(b, metrics)
+        pa, pb = point_estimate(a, metrics), point_estimate(b, metrics)
     out = {}
     for m in metrics:
         va, vb = pa[m.name], pb[m.name]

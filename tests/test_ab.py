@@ -13,14 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentx.ab.bootstrap import (
-    METRICS,
-    compare,
-    session_key,
-    side_data,
-    weighted_percentile,
-    weights,
-)
+from agentx.ab.stats import METRICS, compare, session_key, side_data, weighted_percentile, weights
 from agentx.cli import main
 from agentx.targets.process import start
 from helpers import free_port, write_trace

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agentx.ab.bootstrap import METRICS, SideData, paired_weights
+from agentx.ab.stats import METRICS, SideData, paired_weights
 from helpers import write_trace
 
 SIM = ["--sim-profile", "cpu-tiny", "--sim-time-scale", "20", "--no-progress",

@@ -2,7 +2,7 @@
 
 `ab` runs both sides itself; users also hold yesterday's run and today's. The first directory
 is the baseline A, each later one a B compared against it, with the same session bootstrap,
-intervals and verdicts (agentx/ab/bootstrap.py) and the same ab.json shape, so the console table,
+intervals and verdicts (agentx/ab/stats.py) and the same ab.json shape, so the console table,
 the CDF figure and the HTML section are `ab`'s. Two runs are comparable only when they replayed
 the same workload: a different trace, lane count (or arrival schedule) or window makes B - A a
 difference of workloads, not of servers, so such a pair is refused unless --allow-mismatch.
@@ -19,7 +19,7 @@ from ..errors import InputError
 from ..report.rebuild import Run
 from ..report.target import target_text
 from ..rundir import CompareDir
-from .bootstrap import ab_metrics, compare, replay_key, side_data, too_thin
+from .stats import ab_metrics, compare, replay_key, side_data, too_thin
 
 # config fields two runs must share, by what they decide
 MUST_MATCH = {

@@ -152,7 +152,7 @@ def one(conc: int, args: argparse.Namespace, tok_dir: str | None, out: Path) -> 
                     thinking="off", output_dir=str(out), overwrite=True, progress=False,
                     validation="off", drain_timeout_s=5.0, seed=args.seed,
                     scrape_interval_s=args.scrape_interval)
-    sim = EmbeddedSim.for_run(cfg)
+    sim = EmbeddedSim(api_key=cfg.secret_key(), pin=cfg.golden_al)
     target = sim.start()
     watch = StallWatch(args.stalls) if args.stalls else None
     if watch:

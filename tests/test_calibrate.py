@@ -20,7 +20,7 @@ from agentx.metrics.definitions import acceptance_length, chunk_spec_counts
 from agentx.recipe.load import load_recipe
 from agentx.recipe.simargs import sim_options
 from agentx.sim.config import SimConfig
-from agentx.sim.embedded import start_in_process
+from agentx.targets.embedded import start_in_process
 
 SIM = ["--recipe", "tiny-cpu", "--sim", "--sim-time-scale", "20", "--max-tokens", "64"]
 KEY = "${AGENTX_TINY_ASSETS}/eagle3"  # tiny-cpu's golden key: its draft, as written
@@ -40,7 +40,7 @@ def test_recovers_the_simulators_true_al(tmp_path):
     assert [(c["k"], c["thinking"]) for c in res["cells"]] == [(1, "on"), (3, "on")]
     for c in res["cells"]:
         iv = c["interval"]
-        assert c["backend"] == "sim" and c["error"] is None and c["completed"] == 30
+        assert c["kind"] == "sim" and c["error"] is None and c["completed"] == 30
         assert iv["source"] == CHUNK_COUNTS and iv["low"] < iv["high"]  # not degenerate
         assert iv["low"] <= c["true_al"] <= iv["high"], c  # 1.8 (K=1), 2.952 (K=3)
         assert iv["low"] <= c["al"] <= iv["high"]
@@ -99,7 +99,7 @@ def test_url_and_prompts_file_recover_a_synthetic_al(tmp_path):
         sim.stop()
     assert code == 0
     [c] = res["cells"]
-    assert c["backend"] == "url" and c["model"] == "m" and c["completed"] == 12
+    assert c["kind"] == "url" and c["model"] == "m" and c["completed"] == 12
     assert c["interval"]["low"] <= 2.4 <= c["interval"]["high"]
     assert c["per_position"][0] == pytest.approx(1.0)  # vLLM's schedule: [1.0, 0.4]
     assert load_golden(tmp_path / "g.yaml")["m"].thinking_off == {2: round(c["al"], 2)}

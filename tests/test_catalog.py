@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from agentx.ab.stats import ab_metrics, point, side_data
+from agentx.ab.stats import ab_metrics, point_estimates, side_data
 from agentx.cli import main
 from agentx.client.assemble import assemble
 from agentx.client.facts import StreamFacts
@@ -83,7 +83,7 @@ def test_ttft_per_1k_uncached_on_known_records():
     assert s["count"] == 2 and s["mean"] == pytest.approx(100.0)
     assert s["min"] == pytest.approx(50.0) and s["max"] == pytest.approx(150.0)
     # A/B reads the same values: its p50 over these requests is the summary's
-    p = point(side_data(recs, window_s=1.0))
+    p = point_estimates(side_data(recs, window_s=1.0))
     assert p[m.column(50)] == pytest.approx(s["p50"])
 
 

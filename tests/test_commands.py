@@ -145,12 +145,12 @@ def test_model_errors_name_the_new_flag(capsys):
 
 
 def test_sweep_warmup_takes_auto():
-    from agentx.commands.sweep import SweepCommand
     from agentx.options import from_args
+    from agentx.sweep.config import SweepConfig
 
     ns = build_parser("sweep").parse_args(["sweep", "tiny-cpu", "--warmup", "auto",
                                            "--duration", "3", "--set", "think_scale=0.1"])
-    o = from_args(ns, SweepCommand)
+    o = from_args(ns, SweepConfig)
     assert o.overrides() == {"warmup_s": "auto", "duration_s": 3.0, "think_scale": 0.1}
 
 

@@ -197,13 +197,13 @@ def test_a_flag_over_a_bad_file_value_wins(tmp_path):
 
 def test_positional_argument_from_the_file(tmp_path, capsys):
     """sweep's NAME|PATH may be in the file; given on the line as well, the line wins."""
-    from agentx.commands.sweep import SweepCommand
+    from agentx.sweep.config import SweepConfig
 
     cfg = write(tmp_path, "recipe: tiny-cpu\nconc: [1, 2]\nduration: 5\nset: [think_scale=0.1]\n")
-    o = from_args(parse(["sweep", "--config", str(cfg)]), SweepCommand)
+    o = from_args(parse(["sweep", "--config", str(cfg)]), SweepConfig)
     assert (o.recipe, o.conc, o.duration_s, o.run_set) == ("tiny-cpu", [1, 2], 5.0,
                                                            ["think_scale=0.1"])
-    o = from_args(parse(["sweep", "other.yaml", "--config", str(cfg)]), SweepCommand)
+    o = from_args(parse(["sweep", "other.yaml", "--config", str(cfg)]), SweepConfig)
     assert o.recipe == "other.yaml"
     err = error(["sweep", "--conc", "1"], capsys)
     assert err == ("error: command line: field 'NAME|PATH' the NAME|PATH argument is required "

@@ -20,8 +20,9 @@ import orjson
 import pytest
 
 from agentx.records import read_records
-from agentx.run import RunConfig, max_overlap, run
+from agentx.run import RunConfig, run
 from agentx.targets.embedded import EmbeddedSim
+from agentx.verdict.run_summary import max_overlap
 from helpers import write_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,7 +43,7 @@ def _cfg(tmp_path: Path, trace: Path, **kw) -> tuple[RunConfig, EmbeddedSim]:
                 drain_timeout_s=10.0)
     base.update(kw)
     cfg = RunConfig(**base)
-    return cfg, EmbeddedSim.for_run(cfg, sim)
+    return cfg, EmbeddedSim(sim, api_key=cfg.secret_key(), pin=cfg.golden_al)
 
 
 def test_lanes_bound_sessions_and_requests(tmp_path):

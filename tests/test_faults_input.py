@@ -206,7 +206,7 @@ def sim_proc():
     """The simulator in its own process (its event loop and interpreter lock not shared with
     the test's client), as `agentx run` and `agentx serve-sim` run it."""
     from agentx.sim.config import SimConfig
-    from agentx.sim.embedded import start_in_process
+    from agentx.targets.embedded import start_in_process
 
     with start_in_process(SimConfig(profile="cpu-tiny", fixed_ttft_ms=1, fixed_itl_ms=1)) as s:
         yield s

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from agentx.config import RunConfig, run_dir
-from agentx.run import max_overlap, run
+from agentx.run import run
 from agentx.rundir import read_jsonl
 from agentx.session_plan import poisson_times
 from agentx.targets.embedded import EmbeddedSim
+from agentx.verdict.run_summary import max_overlap
 from helpers import write_trace
 
 REPO = Path(__file__).resolve().parents[1]

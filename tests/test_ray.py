@@ -71,20 +71,21 @@ def test_an_actor_that_fails_while_starting_does_not_hold_the_others(tmp_path, r
     import asyncio
 
     from agentx.client.config import ClientConfig
-    from agentx.engine.drive import DriveSpec
+    from agentx.engine.drive import DriveShare, workload_of
     from agentx.engine.ray_pool import RayPool
     from agentx.sim.config import SimConfig
-    from agentx.sim.embedded import start_in_process
+    from agentx.targets.embedded import start_in_process
 
     sim = start_in_process(SimConfig(port=0, profile="cpu-tiny", fixed_ttft_ms=20, fixed_itl_ms=5))
     try:
         cfg = RunConfig(trace=str(_trace(tmp_path / "tr")), conc=4, duration_s=3.0, seed=2,
                         drain_timeout_s=10.0)
-        specs = [DriveSpec(run=cfg, client=ClientConfig(base_url=sim.base_url, model="agentx-sim"),
-                           lanes=[w, w + 2], max_requests=None,
-                           records_path=str(tmp_path / f"requests.w{w}.jsonl"),
-                           token_info={"mode": "builtin"}, run_ns="t", max_model_len=None,
-                           pool_blocks=None, worker=w) for w in range(2)]
+        specs = [DriveShare(workload=workload_of(cfg, "t"),
+                            client=ClientConfig(base_url=sim.base_url, model="agentx-sim"),
+                            lanes=[w, w + 2], max_requests=None,
+                            records_path=str(tmp_path / f"requests.w{w}.jsonl"),
+                            token_info={"mode": "builtin"}, max_model_len=None,
+                            pool_blocks=None, worker=w) for w in range(2)]
         specs[1].token_info = {"mode": "hf", "tokenizer": str(tmp_path / "no-such-tokenizer")}
         pool = RayPool(ray_local, specs)
         pool.start()

@@ -20,8 +20,9 @@ from agentx.golden_al import golden_al
 from agentx.offload import dram
 from agentx.recipe.load import load_recipe, recipe_names, recipes_dir
 from agentx.recipe.render import render
+from agentx.targets.choice import RecipeChoice
+from agentx.targets.open import open_server
 from agentx.targets.process import ServerStartError
-from agentx.targets.recipe import launch
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = ["minimaxm3-fp8-h200-mtp", "minimaxm3-fp8-h200", "minimaxm3-fp4-b300-mtp",
@@ -314,6 +315,14 @@ def _group_members(pgid: int) -> list[int]:
 def _get(url: str) -> tuple[int, bytes]:
     with urllib.request.urlopen(url, timeout=5) as resp:
         return resp.status, resp.read()
+
+
+def launch(recipe, point: int = 0, *, sim: bool = False, recipe_dir: Path = Path("."), **kw):
+    """The point's running process handle (ServerHandle), opened as every command opens one."""
+    server = open_server(RecipeChoice.of(recipe, Path(recipe_dir) / "recipe", sim=sim,
+                                         point=point, **kw))
+    server.start()
+    return server.handle
 
 
 def test_launch_simulator_stand_in_health_and_stop(tmp_path):

@@ -89,7 +89,7 @@ def test_embedded_sim_process_serves_and_dies_with_its_parent():
     """`agentx run`'s simulator process (start_in_process) must not outlive a client that
     was killed outright: its stdin, the lifeline, closes and it stops."""
     code = ("import time; from agentx.sim.config import SimConfig; "
-            "from agentx.sim.embedded import start_in_process; "
+            "from agentx.targets.embedded import start_in_process; "
             "s = start_in_process(SimConfig(profile='cpu-tiny')); "
             "print(s.port, s._proc.pid, flush=True); time.sleep(120)")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=REPO)

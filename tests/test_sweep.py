@@ -50,6 +50,9 @@ def test_sweep_h200_against_the_simulator(tmp_path, sweep):
     assert [(c["label"], c["conc"], c["status"]) for c in cells] == \
         [("p0-tp8", 1, "ok"), ("p0-tp8", 4, "ok")]
     assert {c["reset_prefix_cache"] for c in cells} == {"reset"}
+    record = json.loads((out / "sweep.json").read_text())  # the targets' kind vocabulary
+    assert record["kind"] == "sim" and "backend" not in record
+    assert _summary(out / "p0-tp8" / "c1")["sweep"]["kind"] == "sim"
     for c in cells:  # sweep.json carries each cell's verdict
         assert c["verdict"] == _summary(Path(c["dir"]))["validation"]["verdict"]
     for conc in (1, 4):
@@ -65,6 +68,19 @@ def test_sweep_h200_against_the_simulator(tmp_path, sweep):
     assert sorted(int(r["conc"]) for r in rows) == [1, 4]
     assert {r["recipe"] for r in rows} == {"minimaxm3-fp8-h200"}
     assert (out / "pareto.png").stat().st_size > 1000
+
+
+def test_a_sweep_json_written_before_kind_still_reads(tmp_path):
+    """sweep.json said `backend` before 2026-12-03: read_record gives it as `kind`, and what
+    the sweep reads back (an undecided search) reads from it as from a new one."""
+    from agentx.sweep.run import read_record, undecided
+
+    old = {"recipe": "tiny-cpu", "backend": "sim", "why": "the simulator (--sim)",
+           "cells": [], "search": {"points": {"p0": {"undecided": 8}}}}
+    (tmp_path / "sweep.json").write_text(json.dumps(old))
+    record = read_record(tmp_path / "sweep.json")
+    assert record["kind"] == "sim" and "backend" not in record
+    assert "undecided (p0 at c8" in undecided([], tmp_path)
 
 
 def test_sweep_cell_with_a_handful_of_requests_is_insufficient(tmp_path, sweep):
@@ -83,7 +99,8 @@ def test_sweep_cell_with_a_handful_of_requests_is_insufficient(tmp_path, sweep):
     assert s["completed"] <= 4 and s["validation"]["verdict"] == "insufficient"
     assert s["labels"] == {"recipe": "minimaxm3-fp8-h200", "point": "p0-tp8"}
     # the served stand-in says it is the simulator (GET /version): named so, not "vLLM 0.32.0"
-    assert s["target"]["kind"] == "simulator" and s["target"]["profile"]
+    assert (s["target"]["kind"], s["target"]["simulator"]) == ("sim", True) and \
+        s["target"]["profile"]
     assert s["target"]["url"].startswith("http://127.0.0.1:")
     assert "verdict insufficient" in proc.stderr
     (row,) = _csv(out)

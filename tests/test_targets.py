@@ -16,11 +16,13 @@ import pytest
 from agentx.errors import InputError
 from agentx.golden_al import GoldenPin
 from agentx.recipe.load import load_recipe
-from agentx.targets.base import UrlServer, read_version
+from agentx.targets.base import read_version
+from agentx.targets.choice import RecipeChoice, UrlChoice
 from agentx.targets.embedded import EmbeddedSim
+from agentx.targets.open import open_server
 from agentx.targets.process import ServerStartError
-from agentx.targets.recipe import RecipeServer
 
+REPO = Path(__file__).resolve().parents[1]
 FAST = {"profile": "cpu-tiny", "time_scale": 20.0}
 # `vllm serve ... --port P --served-model-name M`: serve the simulator on P as M instead
 FAKE_VLLM = ("import os, sys; a = sys.argv; p = a[a.index('--port') + 1]; "
@@ -68,7 +70,7 @@ def test_embedded_simulator_target(tmp_path):
         assert t.builtin_tokens and t.local_cores == 1
         assert t.options["profile"] == "cpu-tiny" and "api_key" not in t.options
         ident = t.identity("agentx-sim", read_version(t.url))
-        assert ident == {"kind": "simulator", "profile": "cpu-tiny", "url": None,
+        assert ident == {"kind": "embedded", "simulator": True, "profile": "cpu-tiny", "url": None,
                          "model": "agentx-sim", "server_version": ident["server_version"],
                          "gpus": 1}  # the simulator says its TP in /version
     assert _gone(pids)
@@ -82,9 +84,9 @@ def test_embedded_simulator_refuses_a_golden_pin_of_another_k(tmp_path):
 
 def test_recipe_point_on_the_simulator_and_the_same_server_as_a_url(tmp_path):
     recipe, path = load_recipe("tiny-cpu")
-    server = RecipeServer(recipe, 0, workdir=tmp_path / "srv", recipe_dir=path.parent,
-                          source=str(path), sim=True, sim_overrides={"time_scale": 20.0},
-                          health_timeout_s=60)
+    server = open_server(RecipeChoice.of(recipe, path, sim=True, workdir=tmp_path / "srv",
+                                         sim_overrides={"time_scale": 20.0},
+                                         health_timeout_s=60))
     with server as t:
         pids = _tree(server.handle.pgid)
         assert (t.kind, t.model, t.profile, t.offload_tokens) == ("sim", "tiny", "cpu-tiny",
@@ -93,11 +95,11 @@ def test_recipe_point_on_the_simulator_and_the_same_server_as_a_url(tmp_path):
         assert t.log_dir == (tmp_path / "srv").resolve()
         assert (t.log_dir / "server.log").exists()
         # the same server given by its URL: nothing launched, the simulator named by /version
-        with UrlServer(t.url + "/") as u:
+        with open_server(UrlChoice(t.url + "/")) as u:
             assert (u.kind, u.url, u.model, u.offload_tokens) == ("url", t.url, None, None)
             ident = u.identity("tiny", read_version(u.url))
-            assert (ident["kind"], ident["profile"], ident["url"]) == \
-                ("simulator", "cpu-tiny", t.url)
+            assert (ident["kind"], ident["simulator"], ident["profile"], ident["url"]) == \
+                ("url", True, "cpu-tiny", t.url)
     assert _gone(pids)
     assert server.exit_code() is None  # stopped by us, not died
 
@@ -110,8 +112,7 @@ def test_recipe_point_launched_as_vllm_gives_its_offload_tier(tmp_path):
     recipe, path = load_recipe(str(_recipe(
         tmp_path, FAKE_VLLM, "points: [{conc: [1], kv_offload: simple-cpu}]\n")))
     bytes_ = render(recipe, 0, workdir=tmp_path / "r", recipe_dir=path.parent).offload_bytes
-    server = RecipeServer(recipe, 0, workdir=tmp_path / "srv", recipe_dir=path.parent,
-                          source=str(path), sim=False)
+    server = open_server(RecipeChoice.of(recipe, path, sim=False, workdir=tmp_path / "srv"))
     with server as t:
         pids = _tree(server.handle.pgid)
         assert (t.kind, t.model, t.connector) == ("vllm", "fake", "simple-cpu")
@@ -126,8 +127,8 @@ def test_health_wait_timeout_is_one_line_and_leaves_no_process(tmp_path):
     recipe, path = load_recipe(str(_recipe(
         tmp_path, f"import time; print('up', flush=True); time.sleep(600)  # {token}",
         "points: [{conc: [1]}]\n")))
-    server = RecipeServer(recipe, 0, workdir=tmp_path / "srv", recipe_dir=path.parent,
-                          sim=False, health_timeout_s=1.5)
+    server = open_server(RecipeChoice.of(recipe, path, sim=False, workdir=tmp_path / "srv",
+                                         health_timeout_s=1.5))
     t0 = time.monotonic()
     with pytest.raises(ServerStartError) as info:
         server.start()
@@ -136,3 +137,54 @@ def test_health_wait_timeout_is_one_line_and_leaves_no_process(tmp_path):
     assert "up" in info.value.tail and time.monotonic() - t0 < 30
     assert not [p for p in psutil.process_iter(["cmdline"])
                 if token in " ".join(p.info["cmdline"] or [])]
+
+
+def _server_classes() -> set[str]:
+    """The classes of agentx/targets/ that are a Server (its subclasses, by their bases)."""
+    import ast
+
+    found = {"Server"}
+    for path in sorted((REPO / "agentx" / "targets").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(
+                    getattr(b, "id", None) in found for b in node.bases):
+                found.add(node.name)
+    return found - {"Server"}
+
+
+def test_one_call_opens_every_kind_of_server():
+    """Every place that gets a server (run, sweep, ab, calibrate, serve, cliff) goes through
+    targets.open.open_server: the server classes are constructed in that one function."""
+    import ast
+
+    classes = _server_classes()
+    assert {"UrlServer", "RecipeServer", "EmbeddedSim"} <= classes
+    sites = set()
+    for path in sorted((REPO / "agentx").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for call in ast.walk(fn):
+                f = call.func if isinstance(call, ast.Call) else None  # Cls(...), Cls.make(...)
+                if f is not None and (getattr(f, "id", None) in classes or getattr(
+                        getattr(f, "value", None), "id", None) in classes):
+                    sites.add(f"{path.relative_to(REPO)}:{fn.name}")
+    assert sites == {"agentx/targets/open.py:open_server"}
+
+
+def test_a_target_record_of_either_vocabulary_reads():
+    """summary.json's `target.kind` is the targets' kind (url, vllm, sim, embedded) and
+    `simulator` says what it is; a record written before (`kind: simulator | server`)
+    still reads as it did."""
+    from agentx.report.target import is_simulator, target_text
+
+    old = {"kind": "simulator", "profile": "cpu-tiny", "url": None}
+    new = {"kind": "embedded", "simulator": True, "profile": "cpu-tiny", "url": None}
+    served = {"kind": "url", "simulator": False, "model": "m", "url": "http://h:8000",
+              "server_version": "0.32.0"}
+    assert is_simulator(old) and is_simulator(new) and not is_simulator(served)
+    assert target_text({"target": old}) == target_text({"target": new}) == \
+        "simulator cpu-tiny"
+    assert target_text({"target": served}) == "m at http://h:8000 (vLLM 0.32.0)"
+    assert not is_simulator({"kind": "server", "model": "m"})

@@ -62,7 +62,8 @@ def test_thin_run_is_insufficient_names_its_target_and_keeps_its_config(tmp_path
     assert "tok/s total" in head and "per second" in what  # the headline says what it is
     s = json.loads((out / "summary.json").read_text())
     assert s["validation"]["verdict"] == "insufficient" and s["completed"] <= 8
-    assert s["target"] == {"kind": "simulator", "profile": "cpu-tiny", "url": None,
+    assert s["target"] == {"kind": "embedded", "simulator": True, "profile": "cpu-tiny",
+                           "url": None,
                            "model": s["run"]["model"], "server_version": "0.32.0",
                            "gpus": 1}  # cpu-tiny simulates one GPU (TP1)
     assert s["labels"] == {"connector": "none", "team": "perf"}
@@ -91,7 +92,7 @@ def test_killed_run_keeps_its_config_in_run_json(tmp_path):
         subprocess.run(["pkill", "-f", f"{out}"], check=False)
     meta = json.loads((out / "run.json").read_text())
     assert meta["config"]["trace"] == str(trace) and meta["config"]["conc"] == 2
-    assert meta["target"]["kind"] == "simulator" and not (out / "summary.json").exists()
+    assert meta["target"]["simulator"] and not (out / "summary.json").exists()
 
 
 def test_ab_with_a_handful_of_requests_gives_no_verdict(tmp_path, capsys):

@@ -27,7 +27,7 @@ def _check(tmp_path, key: str, k: int) -> dict:
     print(f"\n{key} K={k}: AL {c['al']:.4f} [{c['interval']['low']:.4f}, "
           f"{c['interval']['high']:.4f}] ({c['interval']['source']}), per position "
           f"{c['per_position']}, {c['drafts']:.0f} drafts, vLLM {c['server_version']}")
-    assert c["error"] is None and c["failed"] == 0 and c["backend"] in ("url", "vllm")
+    assert c["error"] is None and c["failed"] == 0 and c["kind"] in ("url", "vllm")
     assert 1.0 <= c["al"] <= k + 1 and len(c["per_position"]) == k
     assert c["interval"]["low"] < c["interval"]["high"]
     assert c["interval"]["low"] <= c["al"] <= c["interval"]["high"]

@@ -25,7 +25,7 @@ def test_agentx_sweep_tiny_cpu_real_vllm(tmp_path, vllm_python, vllm_assets, vll
                           capture_output=True, text=True, env=env, timeout=1500, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     record = json.loads((out / "sweep.json").read_text())
-    assert record["backend"] == "vllm"
+    assert record["kind"] == "vllm"
     assert [(c["conc"], c["status"]) for c in record["cells"]] == \
         [(1, "ok"), (2, "ok"), (4, "ok")]
     # vLLM serves /reset_prefix_cache only in dev mode: recorded, not an error

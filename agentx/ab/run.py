@@ -24,9 +24,9 @@ from ..records import read_records
 from ..run import run
 from ..rundir import ABDir, RunDir, trace_label
 from ..targets.base import Target
+from .config import ABConfig
 from .sides import Side, open_side
-from .spec import ABConfig
-from .stats import ab_metrics, compare, point, side_data, too_thin
+from .stats import ab_metrics, compare, point_estimates, side_data, too_thin
 
 
 def run_ab(cfg: ABConfig) -> dict:
@@ -125,7 +125,7 @@ def _document(cfg: ABConfig, out: Path, sides: dict[str, Side],
                                sum(r["throughput"]["window_s"] for r in runs),
                                runs=[i for i, recs in enumerate(per) for _ in recs])
         # each repeat alone: the run-to-run spread the two-stage bootstrap accounts for
-        by_run[name] = [point(side_data(recs, r["throughput"]["window_s"])) if measured(recs)
+        by_run[name] = [point_estimates(side_data(recs, r["throughput"]["window_s"])) if measured(recs)
                         else None for recs, r in zip(per, runs)]
     metrics = compare(data["a"], data["b"], replicates=cfg.bootstrap, seed=cfg.seed,
                       min_sessions=cfg.min_sessions, min_requests=cfg.min_samples,

@@ -12,10 +12,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..recipe.load import load_recipe
-from ..targets.base import Server, Target, UrlServer
+from ..targets.base import Server, Target
+from ..targets.choice import RecipeChoice, ServerChoice, UrlChoice
 from ..targets.embedded import NOT_OPTIONS
-from ..targets.recipe import RecipeServer
-from .spec import ABConfig
+from ..targets.open import open_server
+from .config import ABConfig
 
 
 @dataclass
@@ -28,29 +29,28 @@ class Side:
         return self.target.public()
 
 
-def is_url(spec: str) -> bool:
-    return spec.startswith(("http://", "https://"))
+def is_url(named: str) -> bool:
+    return named.startswith(("http://", "https://"))
 
 
-def side_server(name: str, spec: str, cfg: ABConfig, out: Path) -> Server:
-    """The side's target, not started yet."""
-    if is_url(spec):
-        return UrlServer(spec)
-    recipe, path = load_recipe(spec)
+def side_choice(name: str, named: str, cfg: ABConfig, out: Path) -> ServerChoice:
+    """The side's server as a choice (targets.open.open_server opens it)."""
+    if is_url(named):
+        return UrlChoice(named)
+    recipe, path = load_recipe(named)
     ignored = sorted(k for k, v in recipe.run_options().items() if getattr(cfg, k, v) != v)
     if ignored:  # an A/B compares servers under one workload: the command's, on both sides
         print(f"agentx ab: side {name}: {path.name} run options not used ({', '.join(ignored)}): "
               "both sides run the command's workload", file=sys.stderr)
-    return RecipeServer(recipe, cfg.point, conc=cfg.conc,
-                        workdir=(out / f"server-{name}").resolve(), recipe_dir=path.parent, source=str(path), spec=spec,
-                        sim=True if cfg.recipe_sim else None,
-                        sim_overrides=cfg.sim.model_dump(
-                            include=cfg.sim.model_fields_set - set(NOT_OPTIONS)))
+    return RecipeChoice.of(recipe, path, sim=True if cfg.recipe_sim else None, point=cfg.point,
+                           conc=cfg.conc, workdir=(out / f"server-{name}").resolve(),
+                           named=named, sim_overrides=cfg.sim.model_dump(
+                               include=cfg.sim.model_fields_set - set(NOT_OPTIONS)))
 
 
 @contextlib.contextmanager
-def open_side(name: str, spec: str, cfg: ABConfig, out: Path) -> Iterator[Side]:
+def open_side(name: str, named: str, cfg: ABConfig, out: Path) -> Iterator[Side]:
     """The side's server, running until the context ends."""
-    server = side_server(name, spec, cfg, out)
+    server = open_server(side_choice(name, named, cfg, out))
     with server as target:
-        yield Side(name, replace(target, spec=spec), server)
+        yield Side(name, replace(target, named=named), server)

@@ -137,7 +137,7 @@ def paired_weights(a: SideData, b: SideData, rng: np.random.Generator,
     return (counts[:, [idx[k] for k in ka]][:, a.owner], counts[:, [idx[k] for k in kb]][:, b.owner])
 
 
-def point(d: SideData, metrics: Sequence["ABMetric"] | None = None) -> dict[str, float | None]:
+def point_estimates(d: SideData, metrics: Sequence["ABMetric"] | None = None) -> dict[str, float | None]:
     """Each metric over all of the side's requests, once (no resampling)."""
     one = np.ones((1, d.owner.size), np.int64)
     return {m.name: _num(m.compute(d, one)[0]) for m in (METRICS if metrics is None else metrics)}
@@ -260,7 +260,7 @@ def compare(a: SideData, b: SideData, *, replicates: int = 2000, seed: int = 0,
         wa, wb = paired_weights(a, b, rng, replicates) if paired \
             else (weights(a, rng, replicates), weights(b, rng, replicates))
     with np.errstate(divide="ignore", invalid="ignore"):
-        pa, pb = point(a, metrics), point(b, metrics)
+        pa, pb = point_estimates(a, metrics), point_estimates(b, metrics)
     out = {}
     for m in metrics:
         va, vb = pa[m.name], pb[m.name]

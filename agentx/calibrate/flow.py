@@ -91,7 +91,7 @@ def calibrate(cfg: CalibrateConfig, say: Say = print) -> dict:
             version = read_version(t.url).get("version")
             for mode in cfg.thinking:
                 m = measure(w, cfg, t.url, t.model, k, mode, out / f"k{k}" / f"thinking-{mode}")
-                cell = {**m.record(), "backend": t.kind, "server_version": version,
+                cell = {**m.record(), "kind": t.kind, "server_version": version,
                         "model": t.model}
                 if t.kind == "sim":  # the simulator's own acceptance: the truth to recover
                     cell["true_al"] = 1.0 + sum(default_rates(k))

@@ -6,8 +6,9 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..recipe.schema import Recipe
-from ..targets.base import Server, UrlServer
-from ..targets.recipe import RecipeServer
+from ..targets.base import Server
+from ..targets.choice import RecipeChoice, UrlChoice
+from ..targets.open import open_server
 from .config import CalibrateConfig
 
 PER_REQUEST_SPEC = ["--per-request-spec-decode-metrics", "summary"]  # vLLM >= 0.32
@@ -36,8 +37,8 @@ def server_at_k(cfg: CalibrateConfig, recipe: Recipe | None, path: Path | None, 
     """The target for K (`with server_at_k(...) as target:`), stopped on leaving the block
     when it was launched here."""
     if recipe is None or path is None:
-        return UrlServer(cfg.url_map()[k])
-    return RecipeServer(at_k(recipe, k, cfg.per_request_spec), 0, workdir=workdir,
-                        recipe_dir=path.parent, source=str(path), sim=cfg.sim,
-                        sim_overrides={"time_scale": cfg.sim_time_scale} if cfg.sim else None,
-                        health_timeout_s=cfg.health_timeout_s)
+        return open_server(UrlChoice(cfg.url_map()[k]))
+    return open_server(RecipeChoice.of(
+        at_k(recipe, k, cfg.per_request_spec), path, sim=cfg.sim, workdir=workdir,
+        sim_overrides={"time_scale": cfg.sim_time_scale} if cfg.sim else {},
+        health_timeout_s=cfg.health_timeout_s))

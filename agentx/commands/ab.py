@@ -1,13 +1,13 @@
 """`agentx ab`: flags -> ABConfig -> both sides run -> table, ab.json, CDF plot.
 
-Every flag comes from a field of ABConfig (agentx/ab/spec.py), whose shared run options are
+Every flag comes from a field of ABConfig (agentx/ab/config.py), whose shared run options are
 RunConfig's, and `--sim-*` from SimConfig's (applied to recipe sides on the simulator)."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from ..ab.spec import SIDE_FIELDS, ABConfig
+from ..ab.config import SIDE_FIELDS, ABConfig
 from ..options import add_arguments, build, flag_namer, values_from_args
 from ..sim.config import SimConfig
 from .run import SIM_EXCLUDED, SIM_PREFIX

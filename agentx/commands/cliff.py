@@ -114,7 +114,8 @@ def _verify(o: CliffOptions, sim: SimConfig, found: dict, out: Path) -> list[dic
     """Each lane count next to a cliff, run on the embedded simulator: its achieved hit rate
     and the run's own pool-aware theory."""
     from ..run import run as run_once
-    from ..targets.embedded import EmbeddedSim
+    from ..targets.choice import EmbeddedChoice
+    from ..targets.open import open_server
 
     lanes = sorted({n for c in found.values() if c for n in (c["holds_to"], c["at"])})
     rows = []
@@ -123,7 +124,8 @@ def _verify(o: CliffOptions, sim: SimConfig, found: dict, out: Path) -> list[dic
                                    "overwrite": True, "progress": False,
                                    "validation": "off"})
         run_cfg = RunConfig.model_validate(cfg.model_dump(include=set(RunConfig.model_fields)))
-        s = run_once(run_cfg, EmbeddedSim.for_run(run_cfg, sim))
+        s = run_once(run_cfg, open_server(EmbeddedChoice(sim, api_key=run_cfg.secret_key(),
+                                                         pin=run_cfg.golden_al)))
         cache = s["cache"]
         rows.append({"lanes": n, "dir": str(out / f"c{n}"), "completed": s["completed"],
                      "hit_rate": cache.get("achieved_hit_rate"),

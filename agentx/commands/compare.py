@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..ab.spec import BootstrapOptions
+from ..ab.config import BootstrapOptions
 from ..metrics.percentiles import PercentilesOption
 from ..options import add_arguments, from_args, opt
 

@@ -20,16 +20,6 @@ class RecipePoint(StrictModel):
     port: int = opt(8000, "port the server listens on", ge=0, le=65535)
 
 
-class Launch(StrictModel):
-    """How a recipe's server is launched (`serve`, `sweep`)."""
-
-    sim: bool = opt(False, "serve with the simulator and the recipe's sim_profile (the default "
-                    "when neither a GPU nor vLLM is present)")
-    health_timeout_s: float | None = opt(None, "seconds to wait for /health (default: the "
-                                         "recipe's health_timeout_s)", flag="health_timeout",
-                                         old=("--timeout",), gt=0.0, metavar="S")
-
-
 class RenderOptions(RecipePoint):
     host_dram_mib: int | None = opt(None, "the GPU host's DRAM to budget the KV offload tier "
                                     "from (MiB, `free -m` there), overriding the recipe; a "

@@ -46,12 +46,16 @@ def sim_from_args(args: argparse.Namespace) -> EmbeddedSimOptions:
                  field_name=flag_namer(EmbeddedSimOptions, prefix=SIM_PREFIX))
 
 
-def target_from_args(cfg: RunConfig, args: argparse.Namespace) -> Server | None:
-    """The embedded simulator when no --base-url is given (None: the server at it)."""
-    from ..targets.embedded import EmbeddedSim
+def target_from_args(cfg: RunConfig, args: argparse.Namespace) -> Server:
+    """The server at --base-url, else the embedded simulator (which takes the run's key and
+    golden pin)."""
+    from ..targets.choice import EmbeddedChoice, UrlChoice
+    from ..targets.open import open_server
 
     sim = sim_from_args(args)
-    return None if cfg.base_url else EmbeddedSim.for_run(cfg, sim)
+    if cfg.base_url:
+        return open_server(UrlChoice(cfg.base_url))
+    return open_server(EmbeddedChoice(sim, api_key=cfg.secret_key(), pin=cfg.golden_al))
 
 
 def main(args: argparse.Namespace) -> int:

@@ -7,13 +7,15 @@ import argparse
 import signal
 import sys
 import time
+from pathlib import Path
 
 from ..options import add_arguments, from_args, opt
 from ..rundir import default_dir
-from .recipe import Launch, RecipePoint
+from ..targets.choice import LaunchOptions
+from .recipe import RecipePoint
 
 
-class ServeOptions(Launch, RecipePoint):
+class ServeOptions(LaunchOptions, RecipePoint):
     workdir: str | None = opt(None, "logs and generated files (default: "
                               "results/serve-<time>-<recipe>-p<I>)")
     quiet: bool = opt(False, "do not echo the server log")
@@ -31,8 +33,9 @@ def main(args: argparse.Namespace) -> int:
 
 def run(o: ServeOptions) -> int:
     from ..recipe.load import load_recipe
+    from ..targets.choice import RecipeChoice
+    from ..targets.open import open_server
     from ..targets.process import LogTail, ServerStartError
-    from ..targets.recipe import launch
 
     recipe, path = load_recipe(o.recipe)
     workdir = o.workdir or default_dir(recipe.name, f"p{o.point}", kind="serve")
@@ -43,9 +46,11 @@ def run(o: ServeOptions) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        server = launch(recipe, o.point, conc=o.conc, host=o.host, port=o.port,
-                        workdir=workdir, recipe_dir=path.parent, source=str(path), sim=o.sim,
-                        health_timeout_s=o.health_timeout_s, on_log=echo)
+        launched = open_server(RecipeChoice.of(
+            recipe, path, sim=o.sim, point=o.point, conc=o.conc, host=o.host, port=o.port,
+            workdir=Path(workdir), health_timeout_s=o.health_timeout_s, on_log=echo))
+        launched.start()
+        server = launched.handle  # type: ignore[attr-defined] - a recipe's: its process
     except ServerStartError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -1,145 +1,39 @@
 """`agentx sweep NAME|PATH`: every operating point of a recipe at each concurrency, one
-result directory per cell, then the Pareto report (the logic: agentx.sweep)."""
+result directory per cell, then the Pareto report (the logic and its options: agentx.sweep)."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from pydantic import field_validator, model_validator
-
-from ..config import SecondsOrAuto
-from ..metrics.cost import CostOption
-from ..metrics.percentiles import PercentilesOption
-from ..options import add_arguments, from_args, opt
+from ..options import add_arguments, from_args
 from ..rundir import SweepDir
-from .recipe import Launch
-
-if TYPE_CHECKING:  # agentx.sweep is imported when a sweep runs, not for --help
-    from ..sweep.search import SearchSpec
-
-
-class SweepCommand(Launch, PercentilesOption, CostOption):
-    recipe: str = opt("", "recipe name (recipes/NAME.yaml) or file; leave it out with "
-                      "--base-url and --conc to sweep that running server", positional=True,
-                      metavar="NAME|PATH")
-    base_url: str | None = opt(None, "use this running server for every point instead of "
-                               "launching one", metavar="URL")
-    points: list[int] | None = opt(None, "only these operating points (indices)",
-                                   metavar="I,J")
-    conc: list[int] | None = opt(None, "these concurrencies at every point instead of the "
-                                 "recipe's lists", metavar="C,D")
-    output_dir: str | None = opt(None, "default: results/sweep-<time>-<recipe>", short="-o")
-    resume: bool = opt(False, "skip cells whose summary.json exists (and was not rebuilt)")
-    duration_s: float | None = opt(None, "seconds per cell, overriding the recipe's "
-                                   "run.duration_s", flag="duration", ge=0.0, metavar="S")
-    warmup_s: SecondsOrAuto | None = opt(None, "warm-up per cell, overriding the recipe's "
-                                         "run.warmup_s: seconds, or auto (until every lane "
-                                         "has finished its first request)", flag="warmup",
-                                         metavar="S|auto")
-    run_set: list[str] = opt(None, "a run option for every cell (a RunConfig field, YAML "
-                             "value), e.g. think_scale=0.1; repeatable", factory=list,
-                             flag="set", repeat=True, metavar="KEY=VALUE")
-    search: str | None = opt(None, "SLO saturation search: per point, the highest "
-                             "concurrency whose goodput (share of requests meeting every SLO) "
-                             "reaches G (default 0.9), by bisection instead of every listed "
-                             "concurrency", metavar="ttft:MS,tpot:MS[,e2el:MS][,goodput:G]")
-    search_min: int | None = opt(None, "the search's lowest concurrency (default: the "
-                                 "point's smallest)", ge=1, metavar="C")
-    search_max: int | None = opt(None, "the search's highest concurrency (default: the "
-                                 "point's largest)", ge=1, metavar="C")
-    search_max_cells: int = opt(6, "cells the search may run per point", ge=1, metavar="N")
-    sim_time_scale: float | None = opt(None, "the simulator runs F x faster than real time "
-                                       "(tests)", gt=0.0, metavar="F")
-
-    @field_validator("run_set")
-    @classmethod
-    def _pairs(cls, v: list[str]) -> list[str]:
-        for item in v:
-            key, eq, _ = item.partition("=")
-            if not eq or not key.strip():
-                raise ValueError(f"expected KEY=VALUE, got {item!r}")
-        return v
-
-    @field_validator("search")
-    @classmethod
-    def _search(cls, v: str | None) -> str | None:
-        from ..sweep.search import parse_search
-
-        if v is not None:
-            parse_search(v)  # ValueError: the one-line message
-        return v
-
-    @model_validator(mode="after")
-    def _recipe_or_url(self) -> "SweepCommand":
-        if not self.recipe and not (self.base_url and self.conc):
-            raise ValueError("give a recipe (NAME|PATH), or --base-url URL with --conc C,D to "
-                             "sweep a running server")
-        return self
-
-    @model_validator(mode="after")
-    def _search_bounds(self) -> "SweepCommand":
-        # a value other than the default, not "was given": --print-config writes every field
-        default_cells = type(self).model_fields["search_max_cells"].default
-        if self.search is None and (self.search_min or self.search_max
-                                    or self.search_max_cells != default_cells):
-            raise ValueError("--search-min, --search-max and --search-max-cells need --search")
-        if self.search_min and self.search_max and self.search_min > self.search_max:
-            raise ValueError(f"--search-min {self.search_min} > --search-max {self.search_max}")
-        return self
-
-    def search_spec(self) -> SearchSpec | None:
-        """The --search options as the sweep takes them."""
-        from ..sweep.search import SearchSpec, parse_search
-
-        if self.search is None:
-            return None
-        slo, target = parse_search(self.search)
-        return SearchSpec(slo, target, self.search_min, self.search_max, self.search_max_cells)
-
-    def overrides(self) -> dict:
-        """RunConfig fields every cell takes: --duration, --warmup, then each --set."""
-        from ..yamlconf import load_value
-
-        out: dict = {k: v for k, v in (("duration_s", self.duration_s),
-                                       ("warmup_s", self.warmup_s),
-                                       ("percentiles", self.percentiles),
-                                       ("gpu_hour_usd", self.gpu_hour_usd)) if v is not None}
-        for item in self.run_set:
-            key, _, value = item.partition("=")
-            out[key.strip()] = load_value(value, "command line --set")
-        return out
+from ..sweep.config import SweepConfig
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    add_arguments(p, SweepCommand)
+    add_arguments(p, SweepConfig)
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
     if not hasattr(args, "recipe") and getattr(args, "base_url", None):
         args.recipe = ""  # a running server alone: the sweep's plan is --conc (url_recipe)
-    return run(from_args(args, SweepCommand))
+    return run(from_args(args, SweepConfig))
 
 
-def run(o: SweepCommand) -> int:
+def run(cfg: SweepConfig) -> int:
     from ..recipe.load import load_recipe
-    from ..sweep.cells import SweepOptions, url_recipe
+    from ..sweep.cells import url_recipe
     from ..sweep.run import sweep, undecided
 
-    if o.recipe:
-        recipe, path = load_recipe(o.recipe)
+    if cfg.recipe:
+        recipe, path = load_recipe(cfg.recipe)
     else:  # --base-url and --conc: no recipe to read (url_recipe)
-        recipe, path = url_recipe(o.conc or []), Path.cwd() / "(no recipe)"
-    out = SweepDir.at(o.output_dir, recipe.name).path
-    search = o.search_spec()
-    run_opts = o.overrides() if search is None else {**o.overrides(), "slo": search.slo}
-    opts = SweepOptions(output_dir=out, base_url=o.base_url, sim=o.sim, points=o.points,
-                        conc=o.conc, resume=o.resume, run=run_opts,
-                        sim_time_scale=o.sim_time_scale, health_timeout_s=o.health_timeout_s,
-                        search=search)
-    cells = sweep(recipe, path, opts)
+        recipe, path = url_recipe(cfg.conc or []), Path.cwd() / "(no recipe)"
+    out = SweepDir.at(cfg.output_dir, recipe.name).path  # fixed once: the cells are under it
+    cfg = cfg.model_copy(update={"output_dir": str(out)})
+    cells = sweep(recipe, path, cfg)
     failed = [c for c in cells if c.status == "failed"]
     if failed:
         print(f"agentx sweep: {len(failed)} of {len(cells)} cell(s) failed (see "
@@ -147,7 +41,7 @@ def run(o: SweepCommand) -> int:
     if failed:
         return 1
     # as `agentx run`: --validate strict (the default) exits 3 on nothing decided, warn does not
-    strict = {**recipe.run_options(), **run_opts}.get("validation", "strict") == "strict"
+    strict = {**recipe.run_options(), **cfg.overrides()}.get("validation", "strict") == "strict"
     why = undecided(cells, out) if strict else None
     if why:
         print(f"agentx sweep: {why}", file=sys.stderr)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import socket
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable, Iterator
 
 from ..client.http import ClientConfig, make_session
@@ -39,17 +39,59 @@ SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass
-class DriveSpec:
-    """Everything a process needs to run its lanes (picklable; holds the API key in memory
-    only, never written)."""
+class Arrivals:
+    """An open loop's schedule (None: closed loop, lanes)."""
 
-    run: RunConfig
+    mode: str
+    session_rate: float | None
+    burstiness: float
+    time_scale: float
+    max_active: int | None
+
+
+@dataclass
+class Workload:
+    """The engine's slice of a run's options, the same in every process (workload_of): the
+    trace, the token model's thinking mode, the planner's seed and start range, the synthesis
+    and engine configs (their per-process fields are set by drive()), the arrivals."""
+
+    trace: str
+    thinking: str | None
+    seed: int
+    start_min: float
+    start_max: float
+    synth: SynthConfig
+    engine: EngineConfig
+    arrivals: Arrivals | None = None
+
+
+def workload_of(r: RunConfig, run_ns: str) -> Workload:
+    """The run options the engine uses, derived once. `run_ns`: the content namespace (the
+    run's salt, or the seed with --warm-cache)."""
+    return Workload(
+        r.trace, r.thinking, r.seed, r.start_min, r.start_max,
+        SynthConfig(run_ns=run_ns, shared_prefix=r.shared_prefix,
+                    context_scale=r.context_scale, live_history=r.live_history),
+        EngineConfig(conc=r.conc, duration_s=r.duration_s, warmup_s=r.warmup_fixed_s(),
+                     warmup_auto=r.warmup_auto(), ramp_up_s=r.ramp_up(),
+                     think_scale=r.think_scale, max_think_s=r.max_think_s,
+                     drain_timeout_s=r.drain_timeout_s, max_tokens=body_max_tokens(r.extra_body),
+                     max_error_rate=r.max_error_rate, error_window=r.error_window),
+        Arrivals(r.arrival_mode(), r.session_rate, r.burstiness, r.time_scale, r.max_active)
+        if r.open_loop() else None)
+
+
+@dataclass
+class DriveShare:
+    """Everything a process needs to run its share of the lanes (picklable; holds the API
+    key in memory only, never written)."""
+
+    workload: Workload
     client: ClientConfig
     lanes: list[int]
     max_requests: int | None
     records_path: str
     token_info: dict
-    run_ns: str
     max_model_len: int | None
     pool_blocks: int | None
     offload_blocks: int | None = None  # the offload tier behind the pool (None: no tier)
@@ -108,39 +150,32 @@ def token_model_from_info(info: dict, thinking: str | None) -> TokenModel:
     return builtin_model()
 
 
-async def drive(spec: DriveSpec, on_engine: Callable[[LaneEngine], None] | None = None,
+async def drive(spec: DriveShare, on_engine: Callable[[LaneEngine], None] | None = None,
                 tm: TokenModel | None = None, traces: TraceSet | None = None,
                 ready: Callable[[], Awaitable[int]] | None = None) -> DriveResult:
     """Run this process's lanes; `tm` and `traces` are passed in-process to avoid rebuilding
-    them (workers rebuild both from the spec)."""
-    r = spec.run
+    them (workers rebuild both from the share)."""
+    w = spec.workload
     large_allocations_to_os()
-    traces = traces or load_traces(r.trace)
-    tm = tm or token_model_from_info(spec.token_info, r.thinking)
-    synth = SynthConfig(run_ns=spec.run_ns, shared_prefix=r.shared_prefix,
-                        context_scale=r.context_scale, live_history=r.live_history,
-                        max_prompt_tokens=(spec.max_model_len - 16) if spec.max_model_len
-                        else None,
-                        lazy_text=tm.kind == "hf" and tm.pieces is not None)
-    ecfg = EngineConfig(conc=r.conc, lanes=spec.lanes, duration_s=r.duration_s,
-                        max_requests=spec.max_requests, warmup_s=r.warmup_fixed_s(),
-                        warmup_auto=r.warmup_auto(), ramp_up_s=r.ramp_up(),
-                        think_scale=r.think_scale, max_think_s=r.max_think_s,
-                        drain_timeout_s=r.drain_timeout_s, max_model_len=spec.max_model_len,
-                        max_tokens=body_max_tokens(r.extra_body),
-                        max_error_rate=r.max_error_rate, error_window=r.error_window)
+    traces = traces or load_traces(w.trace)
+    tm = tm or token_model_from_info(spec.token_info, w.thinking)
+    synth = replace(w.synth, max_prompt_tokens=(spec.max_model_len - 16)
+                    if spec.max_model_len else None,
+                    lazy_text=tm.kind == "hf" and tm.pieces is not None)
+    ecfg = replace(w.engine, lanes=spec.lanes, max_requests=spec.max_requests,
+                   max_model_len=spec.max_model_len)
     writer = RecordWriter(spec.records_path)
     lag = LoopLagSampler()
     async with make_session(spec.client, len(spec.lanes)) as session:
         sender_cls = TokenIdsSender if tm.kind == "hf" else ChatSender
-        sender = sender_cls(session, spec.client, keep_text=r.live_history)
+        sender = sender_cls(session, spec.client, keep_text=w.synth.live_history)
         cache_model = TieredCache(spec.pool_blocks, spec.offload_blocks, spec.offload_eager,
                                   queue=True)  # look up at admission, as vLLM does
-        planner = Planner(traces, r.seed, r.start_min, r.start_max)
-        arrivals = open_loop(planner, r)
+        planner = Planner(traces, w.seed, w.start_min, w.start_max)
+        arrivals = open_loop(planner, w.arrivals)
         engine = LaneEngine(planner, synth, tm, sender, ecfg, writer.write, cache_model, arrivals)
-        if arrivals is not None:
-            engine.stats.lanes = r.max_active or 0
+        if w.arrivals is not None:
+            engine.stats.lanes = w.arrivals.max_active or 0
         if on_engine:
             on_engine(engine)
         tm.factory.prepare()  # the block tape (~0.2 s) now, not in the first request
@@ -172,17 +207,16 @@ async def drive(spec: DriveSpec, on_engine: Callable[[LaneEngine], None] | None 
                        engine.backoff_ns / 1e9)
 
 
-def open_loop(planner: Planner, r: RunConfig) -> OpenLoop | None:
+def open_loop(planner: Planner, a: Arrivals | None) -> OpenLoop | None:
     """The run's arrival schedule (None: closed loop, lanes)."""
-    if not r.open_loop():
+    if a is None:
         return None
-    mode = r.arrival_mode()
 
     def schedule() -> Iterator[tuple[float, SessionPick]]:
-        return planner.arrivals(mode, r.session_rate, r.burstiness, r.time_scale)
+        return planner.arrivals(a.mode, a.session_rate, a.burstiness, a.time_scale)
 
-    warm = warm_sessions((at for at, _ in schedule()), r.max_active)
-    return OpenLoop(schedule(), r.max_active, warm)
+    warm = warm_sessions((at for at, _ in schedule()), a.max_active)
+    return OpenLoop(schedule(), a.max_active, warm)
 
 
 def body_max_tokens(extra_body: dict) -> int | None:
@@ -193,8 +227,3 @@ def body_max_tokens(extra_body: dict) -> int | None:
         if isinstance(v, int) and not isinstance(v, bool) and v > 0:
             return v
     return None
-
-
-def split_lanes(conc: int, workers: int) -> list[list[int]]:
-    """Round-robin lanes over workers (lane ids stay global, so schedules do not change)."""
-    return [list(range(w, conc, workers)) for w in range(workers)]

@@ -32,9 +32,8 @@ from typing import Any
 import orjson
 
 from .. import aio
-from ..config import RunConfig
 from ..rundir import RunDir
-from .drive import DriveResult, DriveSpec, drive
+from .drive import DriveResult, DriveShare, drive
 from .lanes import LiveStats
 from .workers import merge_live
 
@@ -155,15 +154,15 @@ class LaneWorker:
             data = f.read()
         return data[: data.rfind(b"\n") + 1]
 
-    def run(self, spec: DriveSpec, files: dict[str, tuple[str, bytes]]) -> tuple[dict, bytes]:
+    def run(self, spec: DriveShare, files: dict[str, tuple[str, bytes]]) -> tuple[dict, bytes]:
         with tempfile.TemporaryDirectory(prefix="agentx-ray-") as tmp:
-            run = spec.run
+            workload = spec.workload
             info = dict(spec.token_info)
             if "trace" in files:
-                run = run.model_copy(update={"trace": unpack(*files["trace"], tmp)})
+                workload = replace(workload, trace=unpack(*files["trace"], tmp))
             if "tokenizer" in files:
                 info["tokenizer"] = unpack(*files["tokenizer"], tmp)
-            local = replace(spec, run=run, token_info=info,
+            local = replace(spec, workload=workload, token_info=info,
                             records_path=os.path.join(tmp, RunDir.REQUESTS))
             self._records = local.records_path
             result = self._run_loop(local)
@@ -171,7 +170,7 @@ class LaneWorker:
             with open(local.records_path, "rb") as f:
                 return asdict(result), f.read()
 
-    def _run_loop(self, spec: DriveSpec) -> DriveResult:
+    def _run_loop(self, spec: DriveShare) -> DriveResult:
         loop = aio.new_event_loop()
         self._loop = loop
 
@@ -221,7 +220,7 @@ class RayPool:
     """Ray counterpart of workers.WorkerPool (same interface: start, request_stop, wait,
     stats, errors): actors instead of local processes, records gathered by the driver."""
 
-    def __init__(self, address: str, specs: list[DriveSpec]) -> None:
+    def __init__(self, address: str, specs: list[DriveShare]) -> None:
         self.ray = connect(address)
         self.specs = specs
         self.stats = LiveStats(lanes=sum(len(s.lanes) for s in specs))
@@ -243,7 +242,7 @@ class RayPool:
         instant either wastes it or starts a late actor inside the measured window."""
         ray = self.ray
         s0 = self.specs[0]
-        files = files_to_ship(s0.run, s0.token_info)
+        files = files_to_ship(s0.workload.trace, s0.token_info)
         cls = actor_class(ray)
         self.actors = [cls.options(scheduling_strategy="SPREAD").remote() for _ in self.specs]
         clocks = ray.get([a.clock.remote() for a in self.actors])
@@ -329,7 +328,7 @@ class RayPool:
                 self.ray.kill(a)
         return out
 
-    def _append(self, s: DriveSpec, data: bytes, delta_ns: int) -> None:
+    def _append(self, s: DriveShare, data: bytes, delta_ns: int) -> None:
         """Add an actor's record lines to its spec's file, in this process's clock."""
         self._received[s.worker] += len(data)
         if delta_ns:
@@ -359,13 +358,13 @@ class RayPool:
             self._merge_stats()
 
 
-def files_to_ship(run: RunConfig, token_info: dict) -> dict[str, tuple[str, bytes]]:
+def files_to_ship(trace: str, token_info: dict) -> dict[str, tuple[str, bytes]]:
     """The trace (unless a built-in name every node resolves itself) and an HF tokenizer."""
     from ..trace.load import BUILTIN_TRACES
 
     files = {}
-    if run.trace not in BUILTIN_TRACES:
-        files["trace"] = pack(run.trace)
+    if trace not in BUILTIN_TRACES:
+        files["trace"] = pack(trace)
     if token_info.get("mode") == "hf":
         files["tokenizer"] = pack(token_info["tokenizer"])
     return files

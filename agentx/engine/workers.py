@@ -39,7 +39,7 @@ from ..child_process import (
     set_parent_death_signal,
     watch_parent,
 )
-from .drive import DriveResult, DriveSpec, drive
+from .drive import DriveResult, DriveShare, drive
 from .lanes import WARMUP_LIMIT, LaneEngine, LiveStats
 
 LANES_PER_WORKER = 128  # one uvloop process keeps its loop lag low up to about this many
@@ -91,7 +91,7 @@ def merge_live(s: LiveStats, vals: list[dict]) -> None:
     s.recent_tpot_ms = [x for v in vals for x in v["recent_tpot_ms"][-128:]]
 
 
-def worker_name(spec: DriveSpec) -> str:
+def worker_name(spec: DriveShare) -> str:
     """`worker w1 (lanes 1, 3)`: how a lost worker is named (stderr, stop reason)."""
     return f"worker w{spec.worker} (lanes {', '.join(map(str, spec.lanes))})"
 
@@ -120,7 +120,7 @@ class StartGate:
         return self.t0.value
 
 
-def _worker_entry(spec: DriveSpec, stop_evt, force_evt, q, parent_pid: int,
+def _worker_entry(spec: DriveShare, stop_evt, force_evt, q, parent_pid: int,
                   gate: StartGate | None = None) -> None:
     """Process entry point: run drive() (uvloop when installed); report counters and the
     result. Stops come from this process's own signals (a terminal's Ctrl-C reaches the
@@ -199,7 +199,7 @@ def _worker_entry(spec: DriveSpec, stop_evt, force_evt, q, parent_pid: int,
 class WorkerPool:
     """Start workers, expose merged live counters, collect their results; name the lost."""
 
-    def __init__(self, specs: list[DriveSpec]) -> None:
+    def __init__(self, specs: list[DriveShare]) -> None:
         self.specs = specs
         ctx = mp.get_context("spawn")
         self.stop_evt, self.force_evt = ctx.Event(), ctx.Event()
@@ -252,9 +252,9 @@ class WorkerPool:
     def _stop_all(self, force: bool) -> None:
         self.stop_evt.set()
         now = time.monotonic()
-        run = self.specs[0].run
+        eng = self.specs[0].workload.engine
         self._deadline = min(self._deadline, now + (KILL_GRACE_S if force else
-                                                    run.drain_timeout_s + DEADLINE_MARGIN_S))
+                                                    eng.drain_timeout_s + DEADLINE_MARGIN_S))
         if force:
             self.force_evt.set()
         self.gate.open(time.perf_counter_ns())  # workers still starting begin, then stop
@@ -262,11 +262,11 @@ class WorkerPool:
     def _open_gate(self) -> None:
         if not self.gate.go.is_set():
             self.gate.open(time.perf_counter_ns() + int(StartGate.MARGIN_S * 1e9))
-            run = self.specs[0].run
-            if run.duration_s:  # the latest a run can end: engine.run's own timer, drained
-                longest = run.ramp_up() + (WARMUP_LIMIT + 1) * run.duration_s
+            eng = self.specs[0].workload.engine
+            if eng.duration_s:  # the latest a run can end: engine.run's own timer, drained
+                longest = eng.ramp_up_s + (WARMUP_LIMIT + 1) * eng.duration_s
                 self._deadline = min(self._deadline, time.monotonic() + longest
-                                     + run.drain_timeout_s + DEADLINE_MARGIN_S)
+                                     + eng.drain_timeout_s + DEADLINE_MARGIN_S)
 
     def _merge_stats(self) -> None:
         merge_live(self.stats, list(self._per_worker.values()))

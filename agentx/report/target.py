@@ -25,11 +25,17 @@ def gpus_of(summary: dict) -> int | None:
     return n if isinstance(n, int) and n > 0 else None
 
 
+def is_simulator(target: dict) -> bool:
+    """The run measured agentx's simulator: `simulator` in its target record, or (a record
+    written before 2026-12-03) `kind: simulator`."""
+    return bool(target.get("simulator", target.get("kind") == "simulator"))
+
+
 def target_text(summary: dict) -> str:
     """One line: `simulator h200-minimaxm3-fp8` or `MODEL at URL (vLLM 0.32.0)`, then the
     labels (`; recipe=..., point=...`)."""
     t = summary.get("target") or {}
-    if t.get("kind") == "simulator":  # its URL is a port picked at random: noise in a title
+    if is_simulator(t):  # its URL is a port picked at random: noise in a title
         what = f"simulator {t.get('profile') or ''}".strip()
     elif t:
         what = f"{t.get('model') or '?'} at {t.get('url') or '?'}" + (

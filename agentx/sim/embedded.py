@@ -1,10 +1,11 @@
 """The simulator beside the client, on 127.0.0.1:<free port>.
 
-`start_in_process` (the embedded target, agentx.targets.embedded: `agentx run` / `bench.py`
-without --base-url) runs it in a child process: a simulator thread in the client's process
-would hold the client's GIL while it steps, delaying the client's timestamps by
-milliseconds, and the run would rightly be flagged `client-bound`. `start_in_thread` keeps it
-in this process, for tests that inspect the SimServer object:
+`serve_child` is the simulator's side of the embedded target (agentx.targets.embedded, which
+starts and stops the child process: `agentx run` / `bench.py` without --base-url): a
+simulator thread in the client's process would hold the client's GIL while it steps,
+delaying the client's timestamps by milliseconds, and the run would rightly be flagged
+`client-bound`. `start_in_thread` keeps it in this process, for tests that inspect the
+SimServer object:
     with start_in_thread(SimConfig(profile="cpu-tiny", time_scale=100)) as sim:
         requests go to sim.base_url
 """
@@ -13,20 +14,16 @@ from __future__ import annotations
 import asyncio
 import os
 import pickle
-import select
 import signal
 import struct
-import subprocess
 import sys
 import threading
 
 from ..aio import new_event_loop
-from ..child_process import spawn_python
-from ..errors import InputError
 from .config import SimConfig
 
 
-class EmbeddedSim:
+class SimThread:
     """Handle of a running in-process simulator."""
 
     def __init__(self, cfg: SimConfig) -> None:
@@ -65,7 +62,7 @@ class EmbeddedSim:
         finally:
             self._loop.close()
 
-    def start(self, timeout: float = 30.0) -> "EmbeddedSim":
+    def start(self, timeout: float = 30.0) -> "SimThread":
         self._thread.start()
         if not self._ready.wait(timeout):
             raise RuntimeError("embedded simulator did not start in time")
@@ -85,83 +82,20 @@ class EmbeddedSim:
                 pass
             self._thread.join(timeout)
 
-    def __enter__(self) -> "EmbeddedSim":
+    def __enter__(self) -> "SimThread":
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
 
-def start_in_thread(cfg: SimConfig) -> EmbeddedSim:
+def start_in_thread(cfg: SimConfig) -> SimThread:
     """Start a simulator on 127.0.0.1 and a free port (cfg.host/port are overridden)."""
     cfg = cfg.model_copy(update={"host": "127.0.0.1", "port": 0})
-    return EmbeddedSim(cfg).start()
+    return SimThread(cfg).start()
 
 
-class SimProcess:
-    """Handle of a simulator running in a child process (same interface as EmbeddedSim).
-
-    A plain `python -c` child, not multiprocessing: nothing re-imports the caller's main
-    module, so a script calling `agentx.run.run()` needs no `__main__` guard. The config goes
-    over the child's stdin, which then stays open as its lifeline: closing it (stop(), or this
-    process dying) stops the child; it answers `ready PORT` on stdout."""
-
-    def __init__(self, cfg: SimConfig) -> None:
-        self.cfg = cfg
-        self.port = 0
-        self._proc: subprocess.Popen | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.cfg.host}:{self.port}"
-
-    def start(self, timeout: float = 60.0) -> "SimProcess":
-        # a Ctrl-C while it starts is the parent's to handle (it stops the child)
-        self._proc = p = spawn_python("from agentx.sim.embedded import _child_main; _child_main()")
-        try:
-            blob = pickle.dumps(self.cfg)
-            p.stdin.write(struct.pack("<Q", len(blob)) + blob)
-            p.stdin.flush()
-            ready, _, _ = select.select([p.stdout], [], [], timeout)
-        except BaseException:  # interrupted: stop it while its stdout is still read
-            self.stop()
-            raise
-        line = p.stdout.readline().decode(errors="replace").strip() if ready else ""
-        kind, _, value = line.partition(" ")
-        if kind != "ready":
-            self.stop()
-            if value.startswith("InputError: error: "):  # a bad profile or option: exit 2
-                where, _, why = value.removeprefix("InputError: error: ").partition(": ")
-                raise InputError(where, why)
-            raise RuntimeError("embedded simulator failed to start: "
-                               + (value or line or "no answer in time"))
-        self.port = int(value)
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop it cleanly (its truth log is closed before this returns); idempotent."""
-        p = self._proc
-        if p is None or p.returncode is not None:
-            return
-        try:
-            p.stdin.close()
-        except OSError:
-            pass
-        try:
-            p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-        p.stdout.close()
-
-    def __enter__(self) -> "SimProcess":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def _child_main() -> None:
+def serve_child() -> None:
     """The child: read the config, serve until stdin closes. SIGINT is the parent's to handle
     (a Ctrl-C drains the run's in-flight requests, which still need the server)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -195,9 +129,3 @@ def _child_main() -> None:
         os._exit(1)  # not SystemExit: the stdin reader thread would crash the interpreter's exit
     finally:
         loop.close()
-
-
-def start_in_process(cfg: SimConfig, timeout: float = 60.0) -> SimProcess:
-    """Start a simulator process on 127.0.0.1 and a free port (cfg.host/port are overridden)."""
-    cfg = cfg.model_copy(update={"host": "127.0.0.1", "port": 0})
-    return SimProcess(cfg).start(timeout)

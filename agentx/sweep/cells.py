@@ -2,7 +2,7 @@
 directory each (`<out>/<point-label>/c<conc>/`), and the run options of each."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -15,25 +15,11 @@ from ..recipe.render import golden_pin
 from ..recipe.schema import Recipe, spec_k
 from ..report.inferencex import export_cell
 from ..rundir import RunDir, SweepDir, write_json
-from .search import SearchSpec
+from .config import SweepConfig
 
 SWEEP_JSON, SUMMARY = SweepDir.JSON, RunDir.SUMMARY
 URL_SWEEP = "url"  # the name of the one-point recipe of a sweep given only --base-url
 LENGTHENED = "search_lengthened"  # label of a cell the search reran longer
-
-
-@dataclass
-class SweepOptions:
-    output_dir: Path
-    base_url: str | None = None
-    sim: bool = False
-    points: list[int] | None = None  # indices; None = all
-    conc: list[int] | None = None  # overrides every point's list
-    resume: bool = False
-    run: dict = field(default_factory=dict)  # RunConfig overrides (duration_s, warmup_s, ...)
-    sim_time_scale: float | None = None
-    health_timeout_s: float | None = None  # a launched server's /health wait (default: recipe's)
-    search: SearchSpec | None = None  # --search: bisect each point's concurrency (search.py)
 
 
 @dataclass
@@ -68,9 +54,9 @@ def url_recipe(conc: list[int]) -> Recipe:
                                   "points": [{"name": URL_SWEEP, "tp": 1, "conc": conc}]})
 
 
-def point_indices(recipe: Recipe, opts: SweepOptions) -> list[int]:
+def point_indices(recipe: Recipe, cfg: SweepConfig) -> list[int]:
     """The points the sweep covers (--points, else all); InputError names a missing one."""
-    indices = opts.points if opts.points is not None else range(len(recipe.points))
+    indices = cfg.points if cfg.points is not None else range(len(recipe.points))
     for i in indices:
         if not 0 <= i < len(recipe.points):
             raise InputError("command line", f"no point {i} (the recipe has "
@@ -78,14 +64,14 @@ def point_indices(recipe: Recipe, opts: SweepOptions) -> list[int]:
     return list(indices)
 
 
-def make_cell(recipe: Recipe, opts: SweepOptions, point: int, conc: int) -> Cell:
+def make_cell(recipe: Recipe, cfg: SweepConfig, point: int, conc: int) -> Cell:
     label = recipe.points[point].label(point)
-    return Cell(point, label, conc, SweepDir(opts.output_dir).cell(label, conc))
+    return Cell(point, label, conc, SweepDir(Path(str(cfg.output_dir))).cell(label, conc))
 
 
-def plan(recipe: Recipe, opts: SweepOptions) -> list[Cell]:
-    return [make_cell(recipe, opts, i, c) for i in point_indices(recipe, opts)
-            for c in (opts.conc or recipe.points[i].conc)]
+def plan(recipe: Recipe, cfg: SweepConfig) -> list[Cell]:
+    return [make_cell(recipe, cfg, i, c) for i in point_indices(recipe, cfg)
+            for c in (cfg.conc or recipe.points[i].conc)]
 
 
 def load_summary(cell_dir: Path) -> dict:
@@ -118,14 +104,14 @@ def drift(recorded: dict, expected: dict) -> str | None:
     return None
 
 
-def check_resumed(recipe: Recipe, cell: Cell, opts: SweepOptions,
+def check_resumed(recipe: Recipe, cell: Cell, cfg: SweepConfig,
                   recipe_dir: Path | None) -> None:
     """Refuse to resume over a finished cell run with another config (InputError, one line
     naming the cell and the first differing field)."""
     recorded = load_summary(cell.dir).get("config") or {}
     if LENGTHENED in (recorded.get("labels") or {}):  # the search reran it longer: as recorded
         cell.duration_s = recorded.get("duration_s")
-    expected = cell_config(recipe, cell, opts, recorded.get("base_url") or "http://127.0.0.1:1",
+    expected = cell_config(recipe, cell, cfg, recorded.get("base_url") or "http://127.0.0.1:1",
                            recorded.get("model"), recipe_dir).public()
     why = drift(recorded, expected)
     if why:
@@ -134,15 +120,16 @@ def check_resumed(recipe: Recipe, cell: Cell, opts: SweepOptions,
                          "--output-dir or remove the cell", field=why.split()[0])
 
 
-def cell_config(recipe: Recipe, cell: Cell, opts: SweepOptions, base_url: str,
+def cell_config(recipe: Recipe, cell: Cell, cfg: SweepConfig, base_url: str,
                 model: str | None, recipe_dir: Path | None = None) -> RunConfig:
     """The recipe's run options, the sweep's overrides, this cell's conc and directory (and,
     given the recipe's directory, the golden entry its synthetic AL is pinned from)."""
     point = recipe.points[cell.point]
-    url_only = recipe.name == URL_SWEEP and opts.base_url is not None
-    data = {**recipe.run_options(), **opts.run, "conc": cell.conc, "base_url": base_url,
+    url_only = recipe.name == URL_SWEEP and cfg.base_url is not None
+    overrides = cfg.overrides()
+    data = {**recipe.run_options(), **overrides, "conc": cell.conc, "base_url": base_url,
             # a recipe's point says its GPUs; a bare URL says nothing (--set gpus=N)
-            "gpus": opts.run.get("gpus") if url_only else point.gpus,
+            "gpus": overrides.get("gpus") if url_only else point.gpus,
             "output_dir": str(cell.dir), "overwrite": True, "progress": False}
     # the cell's recipe and point, stored from the run's start and shown in every report
     data["labels"] = {**(data.get("labels") or {}), "recipe": recipe.name or "", "point": cell.label}
@@ -156,14 +143,14 @@ def cell_config(recipe: Recipe, cell: Cell, opts: SweepOptions, base_url: str,
     if pin:
         data.setdefault("golden_al", pin)
     try:
-        cfg = RunConfig.model_validate(data)
+        run_cfg = RunConfig.model_validate(data)
     except ValidationError as err:
         raise input_error(err, f"run options of cell {cell.label}/c{cell.conc}") from None
-    if cfg.duration_s and cfg.warmup_fixed_s() >= cfg.duration_s:  # auto: duration follows
-        raise InputError("run options", f"warm-up {cfg.warmup_fixed_s():g} s >= duration "
-                         f"{cfg.duration_s:g} s: no request would be measured (give --warmup)",
-                         field="warmup_s")
-    return cfg
+    if run_cfg.duration_s and run_cfg.warmup_fixed_s() >= run_cfg.duration_s:  # auto: follows
+        raise InputError("run options", f"warm-up {run_cfg.warmup_fixed_s():g} s >= duration "
+                         f"{run_cfg.duration_s:g} s: no request would be measured (give "
+                         "--warmup)", field="warmup_s")
+    return run_cfg
 
 
 def annotate(recipe: Recipe, cell: Cell, extra: dict) -> None:

@@ -15,7 +15,6 @@ sweep.json (`search`), onto the console and, starred, onto pareto.png.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -29,7 +28,6 @@ from .cells import (
     SWEEP_JSON,
     URL_SWEEP,
     Cell,
-    SweepOptions,
     annotate,
     cell_config,
     check_resumed,
@@ -39,22 +37,23 @@ from .cells import (
     plan,
     point_indices,
 )
-from .search import LENGTHEN, THIN, Outcome, Probe, SearchSpec, bisect, judge
+from .config import SweepConfig
+from .search import LENGTHEN, THIN, Outcome, Probe, SloSearch, bisect, judge
 from .servers import PointServers, choose, reset_prefix_cache
 
 
-def run_cell(recipe: Recipe, cell: Cell, servers: PointServers, opts: SweepOptions) -> None:
+def run_cell(recipe: Recipe, cell: Cell, servers: PointServers, cfg: SweepConfig) -> None:
     from ..run import run
 
     t0 = time.monotonic()
     try:
         target = servers.target(cell)
         cell.reset_prefix_cache = reset_prefix_cache(target.url)
-        summary = run(cell_config(recipe, cell, opts, target.url, target.model,
+        summary = run(cell_config(recipe, cell, cfg, target.url, target.model,
                                   servers.path.parent), target)
         cell.verdict = (summary.get("validation") or {}).get("verdict")
         if recipe.name != URL_SWEEP:  # a bare URL's cells claim no recipe facts
-            annotate(recipe, cell, {"backend": servers.kind,
+            annotate(recipe, cell, {"kind": servers.kind,
                                     "reset_prefix_cache": cell.reset_prefix_cache})
         if servers.died is not None:
             raise RuntimeError(f"the server exited (code {servers.died}) during the cell")
@@ -64,26 +63,36 @@ def run_cell(recipe: Recipe, cell: Cell, servers: PointServers, opts: SweepOptio
     cell.seconds = round(time.monotonic() - t0, 3)
 
 
-def write_record(path: Path, recipe: Recipe, backend: str, why: str, cells: list[Cell],
+def write_record(path: Path, recipe: Recipe, kind: str, why: str, cells: list[Cell],
                  search: dict | None = None) -> None:
-    data = {"recipe": recipe.name, "backend": backend, "why": why,
+    """sweep.json: the recipe, what served it (`kind`: targets.choice.Kind; `backend`
+    before 2026-12-03, read_record reads both), every cell, the search."""
+    data = {"recipe": recipe.name, "kind": kind, "why": why,
             "cells": [c.record() for c in cells]}
     if search is not None:
         data["search"] = search
     write_json(path, data)
 
 
-def step(recipe: Recipe, path: Path, cell: Cell, servers: PointServers, opts: SweepOptions,
+def read_record(path: Path) -> dict:
+    """sweep.json as written now, from any version: before 2026-12-03 `kind` was `backend`."""
+    data = orjson.loads(path.read_bytes())
+    if "backend" in data and "kind" not in data:
+        data["kind"] = data.pop("backend")
+    return data
+
+
+def step(recipe: Recipe, path: Path, cell: Cell, servers: PointServers, cfg: SweepConfig,
          console: Console) -> None:
     """Run one cell (or, with --resume, take its finished result after checking it ran this
     sweep's config), then read its verdict and goodput back."""
-    if opts.resume and finished(cell.dir):
-        check_resumed(recipe, cell, opts, path.parent)
+    if cfg.resume and finished(cell.dir):
+        check_resumed(recipe, cell, cfg, path.parent)
         cell.status = "skipped"
     else:
         if servers.key is not None and servers.key[0] != cell.point:
             servers.stop()  # the point changed: free its GPUs first
-        run_cell(recipe, cell, servers, opts)
+        run_cell(recipe, cell, servers, cfg)
         if cell.error:
             console.print(f"  [red]{cell.label} c{cell.conc} failed:[/red] "
                           f"{cell.error.splitlines()[0]}")
@@ -96,83 +105,84 @@ def step(recipe: Recipe, path: Path, cell: Cell, servers: PointServers, opts: Sw
         cell.goodput = ((summary.get("goodput") or {}).get("met") or {}).get("all")
 
 
-def sweep(recipe: Recipe, path: Path, opts: SweepOptions) -> list[Cell]:
+def sweep(recipe: Recipe, path: Path, cfg: SweepConfig) -> list[Cell]:
     """Run every cell (or, with a search, the cells its bisection picks per point), then write
     runs.csv and pareto.png into the output directory."""
     from rich import progress as rp
 
-    out = opts.output_dir
-    SweepDir(out).check(opts.resume)
-    spec = opts.search
-    cells = plan(recipe, opts)
-    bounds = {i: search_bounds(recipe, opts, i) for i in point_indices(recipe, opts)} \
-        if spec else {}
+    out = Path(str(cfg.output_dir))
+    SweepDir(out).check(cfg.resume)
+    search = cfg.slo_search()
+    cells = plan(recipe, cfg)
+    bounds = {i: search_bounds(recipe, cfg, i) for i in point_indices(recipe, cfg)} \
+        if search else {}
     for c in cells[:1]:  # the options every cell shares: refused before any server starts
-        cell_config(recipe, c, opts, "http://127.0.0.1:1", None)
-    for c in cells if opts.resume else []:  # so are finished cells run with another config
+        cell_config(recipe, c, cfg, "http://127.0.0.1:1", None)
+    for c in cells if cfg.resume else []:  # so are finished cells run with another config
         if finished(c.dir):
-            check_resumed(recipe, c, opts, path.parent)
-    backend, why = choose(recipe, opts)
+            check_resumed(recipe, c, cfg, path.parent)
+    choice = choose(recipe, path, cfg)
+    kind, why = choice.kind, choice.why
     console = Console(stderr=True, soft_wrap=True)
-    what = f"{len(cells)} cell(s)" if spec is None else \
-        f"SLO search over {len(bounds)} point(s), at most {spec.max_cells} cell(s) each"
+    what = f"{len(cells)} cell(s)" if search is None else \
+        f"SLO search over {len(bounds)} point(s), at most {search.max_cells} cell(s) each"
     console.print(f"agentx sweep {recipe.name}: {what} into {out}; serving with {why}")
-    SweepDir(out).create(opts.resume).register(SWEEP_JSON)
-    servers = PointServers(recipe, path, backend, opts, lambda m: console.print(f"  {m}"))
+    SweepDir(out).create(cfg.resume).register(SWEEP_JSON)
+    servers = PointServers(recipe, path, choice, lambda m: console.print(f"  {m}"))
     columns = (rp.TextColumn("{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn(),
                rp.TimeElapsedColumn())
     searched: dict | None = None
     try:
         with rp.Progress(*columns, console=console) as bar:
-            if spec is None:
+            if search is None:
                 task = bar.add_task("cells", total=len(cells))
                 for cell in cells:
                     bar.update(task, description=f"{cell.label} c{cell.conc}")
-                    step(recipe, path, cell, servers, opts, console)
-                    write_record(out / SWEEP_JSON, recipe, backend, why, cells)
+                    step(recipe, path, cell, servers, cfg, console)
+                    write_record(out / SWEEP_JSON, recipe, kind, why, cells)
                     bar.advance(task)
             else:
-                cells, searched = [], {**spec.record(), "points": {}}
-                task = bar.add_task("cells", total=len(bounds) * spec.max_cells)
+                cells, searched = [], {**search.record(), "points": {}}
+                task = bar.add_task("cells", total=len(bounds) * search.max_cells)
 
                 def probe(point: int, conc: int) -> Probe:
-                    cell = make_cell(recipe, opts, point, conc)
+                    cell = make_cell(recipe, cfg, point, conc)
                     bar.update(task, description=f"search {cell.label} c{conc}")
                     cells.append(cell)
-                    step(recipe, path, cell, servers, opts, console)
-                    longer = lengthen(recipe, path, cell, servers, opts, console)
-                    write_record(out / SWEEP_JSON, recipe, backend, why, cells, searched)
+                    step(recipe, path, cell, servers, cfg, console)
+                    longer = lengthen(recipe, path, cell, servers, cfg, console)
+                    write_record(out / SWEEP_JSON, recipe, kind, why, cells, searched)
                     bar.advance(task)
-                    p = judge(conc, cell.status, cell.verdict, cell.goodput, spec.goodput,
+                    p = judge(conc, cell.status, cell.verdict, cell.goodput, search.goodput,
                               cell.error)
                     p.lengthened_s = longer
                     return p
 
                 for i, (lo, hi) in bounds.items():
-                    result = bisect(lo, hi, lambda c, i=i: probe(i, c), spec.max_cells)
+                    result = bisect(lo, hi, lambda c, i=i: probe(i, c), search.max_cells)
                     label = recipe.points[i].label(i)
                     searched["points"][label] = result.record()
-                    mark_answer(recipe, opts, i, result, spec)
-                    write_record(out / SWEEP_JSON, recipe, backend, why, cells, searched)
+                    mark_answer(recipe, cfg, i, result, search)
+                    write_record(out / SWEEP_JSON, recipe, kind, why, cells, searched)
                     console.print(f"  [bold]{label}[/bold]: highest concurrency with goodput "
-                                  f">= {spec.goodput:g} ({slo_text(spec.slo)}): "
+                                  f">= {search.goodput:g} ({slo_text(search.slo)}): "
                                   f"{result.text()}")
     finally:
         servers.stop()
     report(cells, out)
     if searched is not None and (out / SweepDir.PARETO).exists():
         searched["marked_on"] = SweepDir.PARETO  # the answers are starred there
-        write_record(out / SWEEP_JSON, recipe, backend, why, cells, searched)
+        write_record(out / SWEEP_JSON, recipe, kind, why, cells, searched)
     return cells
 
 
 def lengthen(recipe: Recipe, path: Path, cell: Cell, servers: PointServers,
-             opts: SweepOptions, console: Console) -> list[float]:
+             cfg: SweepConfig, console: Console) -> list[float]:
     """A search cell whose verdict is `insufficient` is rerun at LENGTHEN times its duration
     (same directory, labelled `search_lengthened`) until it has enough requests to judge, and
     the console says so: a thin cell is no evidence either way. The durations tried."""
-    base = cell_config(recipe, cell, opts, "http://127.0.0.1:1", None).duration_s
-    opts = replace(opts, resume=False)  # the thin result on disk is what is rerun
+    base = cell_config(recipe, cell, cfg, "http://127.0.0.1:1", None).duration_s
+    cfg = cfg.model_copy(update={"resume": False})  # the thin result on disk is rerun
     tried: list[float] = []
     for factor in LENGTHEN:
         if cell.verdict != THIN or cell.status == "skipped" or not base:
@@ -182,33 +192,32 @@ def lengthen(recipe: Recipe, path: Path, cell: Cell, servers: PointServers,
         console.print(f"  {cell.label} c{cell.conc}: verdict insufficient (too few measured "
                       f"requests to judge); the search reruns it {factor}x as long, "
                       f"{cell.duration_s:g} s, before judging it")
-        step(recipe, path, cell, servers, opts, console)
+        step(recipe, path, cell, servers, cfg, console)
     return tried
 
 
-def search_bounds(recipe: Recipe, opts: SweepOptions, point: int) -> tuple[int, int]:
+def search_bounds(recipe: Recipe, cfg: SweepConfig, point: int) -> tuple[int, int]:
     """The concurrency range searched at a point: --search-min/--search-max, else the ends of
     the point's concurrency list (or --conc)."""
-    assert opts.search is not None
-    listed = opts.conc or recipe.points[point].conc
-    lo = opts.search.lo or min(listed)
-    hi = opts.search.hi or max(listed)
+    listed = cfg.conc or recipe.points[point].conc
+    lo = cfg.search_min or min(listed)
+    hi = cfg.search_max or max(listed)
     if lo > hi:
         raise InputError("command line", f"search range {lo}..{hi} is empty at point "
                          f"{recipe.points[point].label(point)}", field="--search-min")
     return lo, hi
 
 
-def mark_answer(recipe: Recipe, opts: SweepOptions, point: int, result: Outcome,
-                spec: SearchSpec) -> None:
+def mark_answer(recipe: Recipe, cfg: SweepConfig, point: int, result: Outcome,
+                search: SloSearch) -> None:
     """Record in the answer cell's summary.json that it is the point's answer (the Pareto
     report reads it to star the cell)."""
     if result.answer is None:
         return
-    cell = make_cell(recipe, opts, point, result.answer)
+    cell = make_cell(recipe, cfg, point, result.answer)
     summary = load_summary(cell.dir)
     summary.setdefault("sweep", {})["slo_answer"] = {
-        **spec.record(), "lowest_failing": result.failing, "converged": result.converged}
+        **search.record(), "lowest_failing": result.failing, "converged": result.converged}
     write_json(cell.dir / SUMMARY, summary)
 
 
@@ -226,7 +235,7 @@ def undecided(cells: list[Cell], out: Path) -> str | None:
         return (f"no cell has a verdict that can be published ({verdicts}): the Pareto "
                 "frontier is empty; run longer (--duration) or see docs/recipes.md#sweeps")
     try:
-        search = orjson.loads((out / SWEEP_JSON).read_bytes()).get("search") or {}
+        search = read_record(out / SWEEP_JSON).get("search") or {}
     except (OSError, orjson.JSONDecodeError):
         return None
     thin = [f"{label} at c{p['undecided']}" for label, p in (search.get("points") or {}).items()

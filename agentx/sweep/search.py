@@ -27,7 +27,7 @@ LENGTHEN = (2, 4)  # a thin cell is rerun at these multiples of its duration bef
 
 
 @dataclass
-class SearchSpec:
+class SloSearch:
     """What the search looks for: SLOs in ms, the goodput target, optional concurrency bounds
     (default: the point's concurrency list) and the cell budget per point."""
     slo: dict[str, float]

@@ -6,23 +6,29 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import InputError
 from ..recipe.schema import Recipe, spec_k
-from ..targets.base import Target, UrlServer
+from ..targets.base import Server, Target
+from ..targets.choice import RecipeChoice, UrlChoice
+from ..targets.open import open_server
 from ..targets.process import ServerStartError
-from ..targets.recipe import RecipeServer, choose_kind
-from .cells import Cell, SweepOptions
+from .cells import Cell
+from .config import SweepConfig
 
 Say = Callable[[str], None]
 
 
-def choose(recipe: Recipe, opts: SweepOptions) -> tuple[str, str]:
-    """("url" | "sim" | "vllm", why): what serves the cells."""
-    if opts.base_url:
-        return "url", f"the server at {opts.base_url}"
-    return choose_kind(recipe, opts.sim)
+def choose(recipe: Recipe, path: Path, cfg: SweepConfig) -> UrlChoice | RecipeChoice:
+    """What serves the cells (its `kind`: url, sim or vllm; `why`, for the console)."""
+    if cfg.base_url:
+        return UrlChoice(cfg.base_url)
+    return RecipeChoice.of(recipe, path, sim=True if cfg.sim else None,
+                           health_timeout_s=cfg.health_timeout_s,
+                           sim_overrides={"time_scale": cfg.sim_time_scale}
+                           if cfg.sim_time_scale else {})
 
 
 def reset_prefix_cache(base_url: str) -> str:
@@ -40,16 +46,17 @@ def reset_prefix_cache(base_url: str) -> str:
 class PointServers:
     """The target of the current cell; one launched server at a time."""
 
-    def __init__(self, recipe: Recipe, path: Path, kind: str, opts: SweepOptions,
+    def __init__(self, recipe: Recipe, path: Path, choice: UrlChoice | RecipeChoice,
                  say: Say) -> None:
-        self.recipe, self.path, self.kind, self.opts, self.say = recipe, path, kind, opts, say
-        self.server: RecipeServer | None = None
+        self.recipe, self.path, self.choice, self.say = recipe, path, choice, say
+        self.kind = choice.kind
+        self.server: Server | None = None
         self.key: tuple | None = None
         self.failed: tuple[tuple, str] | None = None  # a start that failed, not retried
 
     def target(self, cell: Cell) -> Target:
-        if self.kind == "url":
-            return UrlServer(self.opts.base_url or "").start()
+        if isinstance(self.choice, UrlChoice):
+            return open_server(self.choice).start()
         point = self.recipe.points[cell.point]
         try:
             key = (cell.point, spec_k(self.recipe, point, cell.conc))
@@ -63,13 +70,8 @@ class PointServers:
             self.stop()
         if self.server is None:
             self.say(f"starting the server for point {cell.label} ({self.kind})")
-            scale = self.opts.sim_time_scale
-            server = RecipeServer(self.recipe, cell.point, conc=cell.conc,
-                                  workdir=cell.dir.parent / "server",
-                                  recipe_dir=self.path.parent, source=str(self.path),
-                                  sim=self.kind != "vllm",
-                                  sim_overrides={"time_scale": scale} if scale else None,
-                                  health_timeout_s=self.opts.health_timeout_s)
+            server = open_server(replace(self.choice, point=cell.point, conc=cell.conc,
+                                         workdir=cell.dir.parent / "server"))
             try:
                 server.start()
             except Exception as e:  # noqa: BLE001 - recorded for the point's remaining cells

@@ -1,11 +1,10 @@
 """A target: the server a command measures and how it was obtained, as one object.
 
-Four kinds (docs/real-vllm.md, "How agentx gets a server"): `url` (a server already
-running), `vllm` (a recipe point launched on vLLM), `sim` (a recipe point on the simulator,
-its own process) and `embedded` (the simulator beside the client, `agentx run` without
---base-url). Each is a `Server`: a context manager whose `start()` returns the running
-`Target` (URL, model, kind, offload tier) and whose `stop()` leaves no process behind.
-`run`, `sweep`, `ab`, `calibrate` and `serve` get their servers only through it.
+Four kinds (targets.choice.Kind; docs/real-vllm.md, "How agentx gets a server"): `url`,
+`vllm`, `sim`, `embedded`. Each is a `Server`: a context manager whose `start()` returns the
+running `Target` (URL, model, kind, offload tier) and whose `stop()` leaves no process
+behind. `run`, `sweep`, `ab`, `calibrate` and `serve` get their servers only through
+targets.open.open_server.
 """
 from __future__ import annotations
 
@@ -14,12 +13,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from ..client.http import first_model, server_version
 from ..urls import redact_url
-
-Kind = Literal["url", "vllm", "sim", "embedded"]
+from .choice import Kind
 
 
 @dataclass
@@ -34,7 +32,7 @@ class Target:
     offload_tokens: int | None = None
     connector: str | None = None  # KV-offload connector name, when launched from a recipe
     profile: str | None = None  # simulator profile (sim, embedded)
-    spec: str | None = None  # what the user named: a URL or a recipe
+    named: str | None = None  # what the user named: a URL or a recipe
     log_dir: Path | None = None  # where a launched server's logs are kept
     options: dict | None = field(default=None, repr=False)
     builtin_tokens: bool = False  # tokenizes as agentx's built-in model: no /tokenize probe
@@ -46,16 +44,18 @@ class Target:
 
     def public(self) -> dict:
         """As ab.json records a side: no credentials."""
-        return {"spec": redact_url(self.spec) if self.kind == "url" else self.spec,
+        return {"spec": redact_url(self.named) if self.kind == "url" else self.named,
                 "kind": self.kind, "base_url": redact_url(self.url), "model": self.model,
                 "offload_tokens": self.offload_tokens}
 
     def identity(self, model: str, version: dict) -> dict:
-        """The run's `target` record (summary.json, run.json; read by report.target_text).
+        """The run's `target` record (summary.json, run.json; read by report.target_text):
+        `kind` how the server was obtained, `simulator` whether it is agentx's simulator.
         `version` is client.http.server_version's: a served simulator (a sweep's or an A/B
-        side's stand-in, `agentx serve-sim`) says so there, and is named as one."""
+        side's stand-in, `agentx serve-sim`) says so there, and is named as one. (Before
+        2026-12-03 `kind` was `simulator` | `server`: report.target.is_simulator reads both.)"""
         sim = self.embedded or bool(version.get("simulator_profile"))
-        return {"kind": "simulator" if sim else "server",
+        return {"kind": self.kind, "simulator": sim,
                 "profile": self.profile if self.embedded else version.get("simulator_profile"),
                 "url": None if self.embedded else redact_url(self.url), "model": model,
                 "server_version": version.get("version"),
@@ -111,7 +111,7 @@ class UrlServer(Server):
                  offload_tokens: int | None = None) -> None:
         from ..urls import normalise_base_url
 
-        self.target = Target("url", normalise_base_url(url), model, offload_tokens, spec=url)
+        self.target = Target("url", normalise_base_url(url), model, offload_tokens, named=url)
 
     def start(self) -> Target:
         assert self.target is not None

@@ -1,14 +1,20 @@
 """The embedded simulator as a target: agentx's simulator beside the client on a free
-loopback port (its own child process, agentx.sim.embedded.SimProcess), what `agentx run` and
-`bench.py` measure when no --base-url is given. Its options are `EmbeddedSimOptions` (the
-`--sim-<option>` flags); the run's API key and golden pin are applied on top."""
+loopback port, what `agentx run` and `bench.py` measure when no --base-url is given. Its
+process lifecycle is here (SimProcess: start, ready, stop), as every target's is in
+agentx.targets; agentx.sim.embedded.serve_child is the child's side. Its options are
+`EmbeddedSimOptions` (the `--sim-<option>` flags); the run's API key and golden pin are
+applied on top."""
 from __future__ import annotations
 
-from ..config import RunConfig
+import pickle
+import select
+import struct
+import subprocess
+
+from ..child_process import spawn_python
 from ..errors import InputError
 from ..golden_al import GoldenPin
 from ..sim.config import SimConfig
-from ..sim.embedded import SimProcess, start_in_process
 from .base import Server, Target
 
 FLAG_PREFIX = "sim-"  # `--sim-profile`, `--sim-time-scale`, ...
@@ -28,6 +34,77 @@ def pinned(pin: GoldenPin | None, sim: SimConfig) -> dict:
     return {"spec_k": pin.k, "synthetic_al": pin.al}
 
 
+class SimProcess:
+    """Handle of a simulator running in a child process (sim.embedded.serve_child).
+
+    A plain `python -c` child, not multiprocessing: nothing re-imports the caller's main
+    module, so a script calling `agentx.run.run()` needs no `__main__` guard. The config goes
+    over the child's stdin, which then stays open as its lifeline: closing it (stop(), or this
+    process dying) stops the child; it answers `ready PORT` on stdout."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.port = 0
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.cfg.host}:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> "SimProcess":
+        # a Ctrl-C while it starts is the parent's to handle (it stops the child)
+        self._proc = p = spawn_python("from agentx.sim.embedded import serve_child; serve_child()")
+        try:
+            blob = pickle.dumps(self.cfg)
+            p.stdin.write(struct.pack("<Q", len(blob)) + blob)
+            p.stdin.flush()
+            ready, _, _ = select.select([p.stdout], [], [], timeout)
+        except BaseException:  # interrupted: stop it while its stdout is still read
+            self.stop()
+            raise
+        line = p.stdout.readline().decode(errors="replace").strip() if ready else ""
+        kind, _, value = line.partition(" ")
+        if kind != "ready":
+            self.stop()
+            if value.startswith("InputError: error: "):  # a bad profile or option: exit 2
+                where, _, why = value.removeprefix("InputError: error: ").partition(": ")
+                raise InputError(where, why)
+            raise RuntimeError("embedded simulator failed to start: "
+                               + (value or line or "no answer in time"))
+        self.port = int(value)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop it cleanly (its truth log is closed before this returns); idempotent."""
+        p = self._proc
+        if p is None or p.returncode is not None:
+            return
+        try:
+            p.stdin.close()
+        except OSError:
+            pass
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        p.stdout.close()
+
+    def __enter__(self) -> "SimProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+
+
+def start_in_process(cfg: SimConfig, timeout: float = 60.0) -> SimProcess:
+    """Start a simulator process on 127.0.0.1 and a free port (cfg.host/port are overridden)."""
+    cfg = cfg.model_copy(update={"host": "127.0.0.1", "port": 0})
+    return SimProcess(cfg).start(timeout)
+
+
 class EmbeddedSim(Server):
     """`with EmbeddedSim(options) as target:` a simulator process on 127.0.0.1:<free port>,
     stopped (its truth log closed) when the block ends. `api_key`: the key it requires;
@@ -43,11 +120,6 @@ class EmbeddedSim(Server):
         self.options, self.api_key, self.pin = opts, api_key, pin
         self.start_timeout_s = start_timeout_s
         self.proc: SimProcess | None = None
-
-    @classmethod
-    def for_run(cls, cfg: RunConfig, options: SimConfig | dict | None = None) -> EmbeddedSim:
-        """The simulator a run without --base-url measures: it takes the run's key and pin."""
-        return cls(options, api_key=cfg.secret_key(), pin=cfg.golden_al)
 
     def start(self) -> Target:
         self.stop()

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, SecretStr, field_validator, model_validator
 
 from .errors import InputError
-from .golden import GoldenPin
+from .golden_al import GoldenPin
 from .metrics.cost import CostOption
 from .metrics.goodput import slo_option
 from .metrics.percentiles import PercentilesOption

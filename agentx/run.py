@@ -29,10 +29,10 @@ from .config import RunConfig, run_dir
 from .engine.drive import DriveShare, workload_of
 from .engine.lanes_run import Driven, Progress, drive_lanes, merge_workers, shares, worker_count
 from .errors import InputError, OutputError, RunLost
-from .plan import trace_times
 from .report.sessions import write_session_files
 from .rundir import RunDir, read_jsonl, write_json
 from .scrape.instruments import Instruments
+from .session_plan import trace_times
 from .targets.base import Server, Target
 from .targets.choice import UrlChoice
 from .targets.open import open_server

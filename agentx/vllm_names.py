@@ -1,5 +1,5 @@
 """vLLM's /metrics vocabulary, declared once: the reader (agentx.metrics) and the simulator
-(agentx.sim.stats) both take their names from here, so the two cannot drift apart.
+(agentx.sim.vllm_metrics) both take their names from here, so the two cannot drift apart.
 
 Names are metric *families* as vLLM 0.32 registers them (prometheus_client appends `_total` to
 a counter's sample, `_bucket`/`_sum`/`_count` to a histogram's); `total()` gives a counter's

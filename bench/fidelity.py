@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from agentx.dist import dist
+from agentx.distribution import dist
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable

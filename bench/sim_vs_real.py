@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # sim_calibration/: not installed
-from agentx.dist import dist  # noqa: E402
+from agentx.distribution import dist  # noqa: E402
 from sim_calibration.realruns import DATA, jittered, keys, runs  # noqa: E402
 from sim_calibration.replay import measured, replay  # noqa: E402
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from agentx import aio
 from agentx.config import RunConfig
-from agentx.engine.selfmon import runqueue_wait_ns
+from agentx.engine.self_measure import runqueue_wait_ns
 from agentx.records import read_records
 from agentx.run import run_async
 from agentx.targets.base import Target

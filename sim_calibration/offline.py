@@ -15,7 +15,7 @@ import statistics
 import sys
 from dataclasses import dataclass
 
-from agentx.dist import dist
+from agentx.distribution import dist
 from agentx.sim.build import build_engine
 from agentx.sim.config import SimConfig
 from agentx.sim.profile import resolve

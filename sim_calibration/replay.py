@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from agentx.dist import dist
+from agentx.distribution import dist
 from agentx.rundir import RunDir, read_jsonl
 from agentx.sim.build import build_engine, frontend
 from agentx.sim.config import SimConfig

@@ -28,7 +28,7 @@ H200_RUNS = DATA / "h200-runs"  # agentx runs against vLLM 0.24 on one H200
 def real_stats() -> dict:
     """`trace_stats` of the 533 real sessions, computed once per test run."""
     from agentx.trace.load import load_traces
-    from agentx.trace.stats import trace_stats
+    from agentx.trace.shape import trace_stats
 
     return trace_stats(load_traces(str(REAL_TRACES)))
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from agentx.prefix_cache import PrefixCache
 from agentx.trace.load import load_traces
-from agentx.trace.stats import _replay_order, lru_hit_rate
+from agentx.trace.shape import _replay_order, lru_hit_rate
 from helpers import write_trace
 
 

@@ -15,7 +15,7 @@ import yaml
 
 from agentx.calibrate.interval import CHUNK_COUNTS, bootstrap, request_counts
 from agentx.cli import main
-from agentx.golden import load_golden
+from agentx.golden_al import load_golden
 from agentx.metrics.definitions import acceptance_length, chunk_spec_counts
 from agentx.recipe.load import load_recipe
 from agentx.recipe.simargs import sim_options

@@ -57,7 +57,7 @@ def test_yaml_alias_bomb_is_one_line_exit_2(argv, tmp_path, capsys):
 
 
 def test_yaml_aliases_refused_in_golden_files_and_set_values(tmp_path):
-    from agentx.golden import GoldenPin, load_golden
+    from agentx.golden_al import GoldenPin, load_golden
     from agentx.yamlconf import load_value
 
     bomb = _alias_bomb(tmp_path / "golden.yaml")

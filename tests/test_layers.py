@@ -23,8 +23,8 @@ LINT = ("import sys; from importlinter.cli import lint_imports; "
 # even indirectly, and both stand on this shared base, which imports nothing but itself.
 SIM = "agentx.sim"
 SHARED_BASE = {"agentx.errors", "agentx.aio", "agentx.options", "agentx.yamlconf",
-               "agentx.lifeline", "agentx.offload", "agentx.vllm_names", "agentx.tokens",
-               "agentx.dist", "agentx.rundir", "agentx.urls", "agentx.shipped"}
+               "agentx.child_process", "agentx.offload", "agentx.vllm_names", "agentx.tokens",
+               "agentx.distribution", "agentx.rundir", "agentx.urls", "agentx.shipped_data"}
 # the parts that bring the two sides together (a target is a simulator or a URL; a recipe
 # renders vLLM's or the simulator's arguments); every other part is on the client side
 ABOVE_BOTH = {"agentx.__main__", "agentx.cli", "agentx.commands", "agentx.ab", "agentx.sweep",

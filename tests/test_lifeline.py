@@ -1,5 +1,5 @@
 """A terminal's Ctrl-C while agentx starts: its children do not die of it and the parent does
-not lose it (agentx.lifeline.children_ignore_sigint, with real processes), and one before the
+not lose it (agentx.child_process.children_ignore_sigint, with real processes), and one before the
 event loop runs leaves nothing behind (agentx.aio.run)."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from agentx.lifeline import children_ignore_sigint
+from agentx.child_process import children_ignore_sigint
 
 
 def test_a_ctrl_c_while_children_start_reaches_the_parent_after():
@@ -35,7 +35,7 @@ def test_a_ctrl_c_while_children_start_reaches_the_parent_after():
 
 CHILD = """
 import signal, sys, time
-from agentx.lifeline import ignore_sigint
+from agentx.child_process import ignore_sigint
 time.sleep(0.3)  # the SIGINT sent at once arrives while it starts
 ignore_sigint()  # drops it: the parent handles that one
 signal.signal(signal.SIGINT, lambda *_: (print("handled", flush=True), sys.exit(0)))

@@ -1,5 +1,5 @@
 """The metric definitions (agentx.metrics.definitions), the one distribution helper
-(agentx.dist), and the path from raw stream facts to a record: timestamps are chosen
+(agentx.distribution), and the path from raw stream facts to a record: timestamps are chosen
 by the test, so every metric has an exact expected value."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from agentx.client.assemble import assemble
 from agentx.client.facts import StreamFacts
 from agentx.client.http import ClientConfig, make_session, stream_request
 from agentx.client.sse import StreamDecoder
-from agentx.dist import KEYS, dist, percentile
+from agentx.distribution import KEYS, dist, percentile
 from agentx.metrics import definitions as d
 from agentx.metrics.catalog import CATALOG
 from agentx.metrics.summary import summarize

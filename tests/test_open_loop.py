@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from agentx.config import RunConfig, run_dir
-from agentx.plan import poisson_times
 from agentx.run import run
 from agentx.rundir import read_jsonl
+from agentx.session_plan import poisson_times
 from agentx.targets.embedded import EmbeddedSim
 from agentx.verdict.run_summary import max_overlap
 from helpers import write_trace

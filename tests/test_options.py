@@ -28,7 +28,7 @@ def _other_value(name: str, info: Any) -> tuple[str | None, Any]:
     default = info.get_default(call_default_factory=True)
     lo = next((m.ge for m in info.metadata if hasattr(m, "ge") and m.ge is not None), None)
     if name == "golden_al":  # FILE:MODEL:MODE:K of a shipped golden file (agentx/recipe/golden.py)
-        from agentx.golden import GoldenPin
+        from agentx.golden_al import GoldenPin
         from agentx.recipe.load import recipes_dir
 
         text = f"{recipes_dir()}/golden/minimaxm3_eagle3.yaml:Inferact/MiniMax-M3-EAGLE3:on:3"

@@ -16,7 +16,7 @@ import pytest
 
 from agentx.cli import main
 from agentx.errors import InputError
-from agentx.golden import golden_al
+from agentx.golden_al import golden_al
 from agentx.offload import dram
 from agentx.recipe.load import load_recipe, recipe_names, recipes_dir
 from agentx.recipe.render import render

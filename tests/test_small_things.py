@@ -14,7 +14,7 @@ except ModuleNotFoundError:  # Python 3.10: pytest's own dependency
     import tomli as tomllib
 
 from agentx.cli import main
-from agentx.golden import load_golden
+from agentx.golden_al import load_golden
 from agentx.offload.dram import host_dram_mib
 from agentx.recipe.load import recipes_dir
 

@@ -1,4 +1,4 @@
-"""Stopping a run: the event-loop helpers (agentx.aio) and Engine.request_stop behind the
+"""Stopping a run: the event-loop helpers (agentx.aio) and LaneEngine.request_stop behind the
 signals of an in-process run and of worker processes, checked from the records written."""
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from agentx.errors import InputError
-from agentx.golden import GoldenPin
+from agentx.golden_al import GoldenPin
 from agentx.recipe.load import load_recipe
 from agentx.targets.base import read_version
 from agentx.targets.choice import RecipeChoice, UrlChoice

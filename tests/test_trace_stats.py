@@ -8,7 +8,7 @@ import pytest
 
 from agentx.cli import main
 from agentx.trace.model import Subagent, Trace, TraceSet, Turn
-from agentx.trace.stats import lru_hit_rate, session_hits, trace_stats
+from agentx.trace.shape import lru_hit_rate, session_hits, trace_stats
 
 
 def T(n_in: int, ids: list[int], out: int = 5, think: float = 0.0, api: float | None = 1.0

@@ -20,7 +20,7 @@ from agentx.trace.generate import (
     omit_implied_hash_ids,
 )
 from agentx.trace.load import load_traces
-from agentx.trace.stats import trace_stats
+from agentx.trace.shape import trace_stats
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "traces" / "swe.tar.xz"

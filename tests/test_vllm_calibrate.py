@@ -14,7 +14,7 @@ import pytest
 
 from agentx.calibrate.interval import SERVER_COUNTS
 from agentx.cli import main
-from agentx.golden import load_golden
+from agentx.golden_al import load_golden
 
 pytestmark = pytest.mark.vllm
 

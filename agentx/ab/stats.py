@@ -145,7 +145,7 @@ def point_estimates(d: SideData, metrics: Sequence["ABMetric"] | None = None) ->
 
 def weighted_percentile(values: np.ndarray, w: np.ndarray, q: float) -> np.ndarray:
     """Per row of `w`: the q-th percentile of `values` each repeated w times, by numpy's
-    linear rule (dist.py) — without building the repeated samples."""
+    linear rule (distribution.py) — without building the repeated samples."""
     ok = ~np.isnan(values)
     order = np.argsort(values[ok], kind="stable")
     v, w = values[ok][order], w[:, ok][:, order]

@@ -22,10 +22,10 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..plan import Planner
 from ..prefix_cache import TieredCache
 from ..prompt.synth import Conversation, SynthConfig
 from ..prompt.token_model import builtin_model
+from ..session_plan import Planner
 from ..trace.model import TraceSet, Turn
 
 COLLAPSE = 0.5  # a tier's hits fall below this share of their best so far: the cliff

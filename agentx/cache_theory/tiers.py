@@ -114,9 +114,9 @@ def replay_theory(records: list[dict], traces: TraceSet, *, context_scale: float
     """The pool-aware expected hits of a run's requests, recomputed from its records: each
     request's block keys as the engine derives them (`Conversation.block_keys` of its trace
     turn cut to the prompt as sent, `sent_keys`; `turn` counting the trace's Turn steps as
-    Engine._open does, namespaced per session instance; the run's salt is not recorded, but
+    LaneEngine._open does, namespaced per session instance; the run's salt is not recorded, but
     any salt gives the same equalities), submitted to a `TieredCache` at `start_ns`, settled
-    and finished at `end_ns`, in time order, as Engine._request does. Returns request_id ->
+    and finished at `end_ns`, in time order, as LaneEngine._request does. Returns request_id ->
     (expected tokens through GPU + tier, the tier's share), as `cached_expected_pool` /
     `cached_expected_offload`; requests never sent are left out. One worker's view: a run
     split over workers gave each a share of the pool (agentx.run). `whole`:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import InputError
-from ..golden import mode_key
+from ..golden_al import mode_key
 from ..recipe.load import load_recipe
 from ..recipe.render import golden_key
 from ..recipe.schema import Recipe
@@ -17,7 +17,7 @@ from ..rundir import CalibrationDir
 from ..sim.specdec import default_rates
 from ..targets.base import Target, read_model, read_version
 from .config import CalibrateConfig
-from .golden_file import Entry, merge
+from .golden_merge import Entry, merge
 from .measure import Measurement, Workload, measure
 from .servers import recipe_ks, server_at_k
 

@@ -51,7 +51,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def stats_main(args: argparse.Namespace) -> int:
     from ..trace.load import load_traces
-    from ..trace.stats import trace_stats
+    from ..trace.shape import trace_stats
 
     o = from_args(args, StatsOptions)
     st = trace_stats(load_traces(o.trace), o.lru_capacity)

@@ -15,18 +15,18 @@ from typing import Awaitable, Callable, Iterator
 
 from ..client.http import ClientConfig, make_session
 from ..config import RunConfig
-from ..plan import Planner, SessionPick, warm_sessions
 from ..prefix_cache import TieredCache
 from ..prompt.blocks import BlockFactory
 from ..prompt.synth import SynthConfig
 from ..prompt.token_model import TokenModel, builtin_model, hf_model
 from ..records import RecordWriter
+from ..session_plan import Planner, SessionPick, warm_sessions
 from ..tokens.words import WORDS
 from ..trace.load import load_traces
 from ..trace.model import TraceSet
-from .lanes import Engine, EngineConfig
+from .lanes import EngineConfig, LaneEngine
 from .open_loop import OpenLoop
-from .selfmon import LoopLagSampler
+from .self_measure import LoopLagSampler
 from .sender import ChatSender, TokenIdsSender
 
 # How long another thread of this process may keep the GIL once the loop asks for it back.
@@ -150,7 +150,7 @@ def token_model_from_info(info: dict, thinking: str | None) -> TokenModel:
     return builtin_model()
 
 
-async def drive(spec: DriveShare, on_engine: Callable[[Engine], None] | None = None,
+async def drive(spec: DriveShare, on_engine: Callable[[LaneEngine], None] | None = None,
                 tm: TokenModel | None = None, traces: TraceSet | None = None,
                 ready: Callable[[], Awaitable[int]] | None = None) -> DriveResult:
     """Run this process's lanes; `tm` and `traces` are passed in-process to avoid rebuilding
@@ -173,7 +173,7 @@ async def drive(spec: DriveShare, on_engine: Callable[[Engine], None] | None = N
                                   queue=True)  # look up at admission, as vLLM does
         planner = Planner(traces, w.seed, w.start_min, w.start_max)
         arrivals = open_loop(planner, w.arrivals)
-        engine = Engine(planner, synth, tm, sender, ecfg, writer.write, cache_model, arrivals)
+        engine = LaneEngine(planner, synth, tm, sender, ecfg, writer.write, cache_model, arrivals)
         if w.arrivals is not None:
             engine.stats.lanes = w.arrivals.max_active or 0
         if on_engine:

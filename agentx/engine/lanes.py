@@ -42,11 +42,11 @@ from typing import Any, Awaitable, Callable, Protocol
 from ..aio import Steps, run_steps, run_steps_async
 from ..client.assemble import assemble
 from ..client.facts import StreamFacts
-from ..plan import Planner, split_count
 from ..prefix_cache import Admission, TieredCache, sent_keys
 from ..prompt.synth import Conversation, PreparedTurn, SynthConfig
 from ..prompt.token_model import TokenModel
 from ..records import RequestRecord
+from ..session_plan import Planner, split_count
 from ..trace.model import Subagent, Trace, Turn
 from .abort import ErrorWindow
 from .backoff import Backoff
@@ -170,7 +170,7 @@ class _Opened:
     body: Any = None
 
 
-class Engine:
+class LaneEngine:
     def __init__(self, planner: Planner, synth: SynthConfig, token_model: TokenModel,
                  sender: Sender, cfg: EngineConfig,
                  on_record: Callable[[RequestRecord], None | Awaitable[None]],

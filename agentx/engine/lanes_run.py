@@ -13,12 +13,12 @@ from typing import Any
 
 from .. import aio
 from ..errors import OutputError
-from ..plan import split_count
 from ..prompt.token_model import TokenModel
 from ..rundir import merge_record_files
+from ..session_plan import split_count
 from ..trace.model import TraceSet
 from .drive import DriveResult, DriveShare, drive
-from .lanes import Engine
+from .lanes import LaneEngine
 from .workers import WorkerPool, auto_workers, usable_cores, worker_name
 
 STOP_NOTICE = "\nagentx: stopping — draining in-flight requests (Ctrl-C again to cancel)"
@@ -102,7 +102,7 @@ async def _drive_here(spec: DriveShare, tm: TokenModel, traces: TraceSet,
     done = asyncio.Event()
     prog: list[asyncio.Task] = []
 
-    def on_engine(engine: Engine) -> None:
+    def on_engine(engine: LaneEngine) -> None:
         aio.install_stop_signals(loop, engine.request_stop, STOP_NOTICE)
         if progress:
             prog.append(asyncio.create_task(progress(engine.stats, done)))

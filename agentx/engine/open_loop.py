@@ -3,7 +3,7 @@ schedule (plan.Planner.arrivals), not when a lane frees up.
 
 Each arriving session is opened (history and first request built) before its arrival time,
 then, once admitted, runs its turns with think times exactly as a lane's session does
-(Engine._arrived_session). `--max-active N` caps the sessions in progress: an arrival beyond
+(LaneEngine._arrived_session). `--max-active N` caps the sessions in progress: an arrival beyond
 the cap waits, first come first served, and the wait is logged; its first request is then
 due at its admission (the cap's wait is reported apart from dispatch lag). A stop cancels
 the sessions still waiting. A trace's arrivals run out: the run ends (`trace_end`) when its
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..plan import SessionPick
+from ..session_plan import SessionPick
 from ..trace.model import Subagent, Trace
 
 perf_ns = time.perf_counter_ns

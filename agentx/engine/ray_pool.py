@@ -197,7 +197,7 @@ class LaneWorker:
         return asdict(e.stats) if e is not None else None
 
     def stop(self, force: bool = False) -> None:
-        """Engine.request_stop on the actor's loop: drain, or with force cancel in-flight."""
+        """LaneEngine.request_stop on the actor's loop: drain, or with force cancel in-flight."""
         self._stop_requested = bool(self._stop_requested) or force
         self.go(time.perf_counter_ns())  # lanes still waiting to start begin, then stop
         e, loop = self._engine, self._loop

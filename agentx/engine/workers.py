@@ -15,7 +15,7 @@ run can end (ramp-up + (WARMUP_LIMIT + 1) x --duration + --drain-timeout, or --d
 after a stop), or KILL_GRACE_S after a forced stop (a second Ctrl-C). The parent SIGKILLs it,
 stops the others, keeps every record it wrote and names it, with its lanes, in `lost`.
 
-A worker dies with its parent (agentx.lifeline: parent-death signal and a watchdog thread): an
+A worker dies with its parent (agentx.child_process: parent-death signal and a watchdog thread): an
 orphan force-stops its lanes, keeps the records it flushed (merged by the next `agentx report`)
 and exits without touching the Queue, whose reader is gone (a full pipe would block its exit).
 """
@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict, fields
 
 from .. import aio
-from ..lifeline import (
+from ..child_process import (
     children_ignore_sigint,
     ignore_sigint,
     parent_alive,
@@ -40,7 +40,7 @@ from ..lifeline import (
     watch_parent,
 )
 from .drive import DriveResult, DriveShare, drive
-from .lanes import WARMUP_LIMIT, Engine, LiveStats
+from .lanes import WARMUP_LIMIT, LaneEngine, LiveStats
 
 LANES_PER_WORKER = 128  # one uvloop process keeps its loop lag low up to about this many
 STATS_EVERY_S = 0.5
@@ -125,7 +125,7 @@ def _worker_entry(spec: DriveShare, stop_evt, force_evt, q, parent_pid: int,
     """Process entry point: run drive() (uvloop when installed); report counters and the
     result. Stops come from this process's own signals (a terminal's Ctrl-C reaches the
     whole process group), from the parent's events and from the parent's death, all through
-    Engine.request_stop."""
+    LaneEngine.request_stop."""
     ignore_sigint()  # started with it blocked; the engine handles it once it runs
     set_parent_death_signal(signal.SIGTERM)  # SIGTERM kills it until the engine handles it
     orphan = threading.Event()
@@ -138,7 +138,7 @@ def _worker_entry(spec: DriveShare, stop_evt, force_evt, q, parent_pid: int,
             time.sleep(HEARTBEAT_S)
 
     threading.Thread(target=heartbeat, name="agentx-heartbeat", daemon=True).start()
-    engine_box: list[Engine] = []
+    engine_box: list[LaneEngine] = []
     loops: list[asyncio.AbstractEventLoop] = []
 
     def on_orphan() -> None:
@@ -154,7 +154,7 @@ def _worker_entry(spec: DriveShare, stop_evt, force_evt, q, parent_pid: int,
         loop = asyncio.get_running_loop()
         loops.append(loop)
 
-        def on_engine(engine: Engine) -> None:
+        def on_engine(engine: LaneEngine) -> None:
             engine_box.append(engine)
             # a SIGTERM that finds the parent gone is the parent-death signal: stop at once
             aio.install_stop_signals(
@@ -244,7 +244,7 @@ class WorkerPool:
             self._inbox.put(msg)
 
     def request_stop(self, force: bool = False) -> None:
-        """Every worker: drain (Engine.request_stop), or with force cancel in-flight now (a
+        """Every worker: drain (LaneEngine.request_stop), or with force cancel in-flight now (a
         signal: the run is interrupted)."""
         self.signalled = True
         self._stop_all(force)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..dist import dist
+from ..distribution import dist
 
 
 def arrival_summary(mode: str, rate: float | None, burstiness: float, max_active: int | None,

@@ -1,7 +1,7 @@
 """Is the load generator itself distorting what it measured? (the rule: docs/reliability.md)
 
 A late event-loop wake-up delays every timestamp taken meanwhile, so the loop lag
-(`client.loop_lag_ms`, agentx/engine/selfmon.py) is judged by its effect on the shortest
+(`client.loop_lag_ms`, agentx/engine/self_measure.py) is judged by its effect on the shortest
 interval a run reports, the chunk ITL p50, and by its cause:
 
 - the typical lag, its p75 (a quarter of the loop's wake-ups were later), above max(2 ms, 10%

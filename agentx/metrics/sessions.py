@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from ..dist import dist
+from ..distribution import dist
 from ..records import record_problem
 from .catalog import RATIOS, dist_named
 from .definitions import prompt_tokens

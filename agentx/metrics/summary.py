@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from ..dist import dist
+from ..distribution import dist
 from ..records import record_problem
 from .catalog import DISTS, RATIOS
 from .definitions import prompt_tokens

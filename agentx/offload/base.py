@@ -96,7 +96,7 @@ class Launch:
 class SimMetrics:
     """The connector's own /metrics families in the simulator. The base emits none: vLLM's
     generic ones (external prefix-cache hits, tokens by source) cover every connector and
-    are the simulator's own (agentx.sim.stats)."""
+    are the simulator's own (agentx.sim.vllm_metrics)."""
 
     def __init__(self, registry: Any, labelnames: list[str], labels: dict[str, str]) -> None:
         self.registry, self.labelnames, self.labels = registry, labelnames, labels

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from ..errors import InputError
-from ..shipped import data_dir
+from ..shipped_data import data_dir
 from ..yamlconf import _line_finder, compose, load_model, read_text
 from .schema import Recipe
 

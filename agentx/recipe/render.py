@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
-from ..golden import golden_al
+from ..golden_al import golden_al
 from ..offload import Tier, dram
 from .schema import Point, Recipe, spec_k
 

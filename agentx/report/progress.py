@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from ..dist import percentile
+from ..distribution import percentile
 from ..engine.lanes import LiveStats
 
 PHASES = ("starting", "ramp-up", "warm-up", "measuring", "draining", "done")

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..aio import new_event_loop
-from ..lifeline import spawn_python
+from ..child_process import spawn_python
 from .prom import Snapshot
 from .scraper import MetricsScraper
 

@@ -22,8 +22,8 @@ from .config import SimConfig
 from .faults import MESSAGES, STATUS_KINDS, FaultPlan
 from .frontend import ServedFrontEnd
 from .parse import BadRequest, RequestParser
+from .receive_stamps import ReceiveStamps
 from .respond import JSON, ResponseWriter
-from .rxstamp import ReceiveStamps
 from .truthlog import TruthLog
 
 

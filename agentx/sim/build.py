@@ -12,8 +12,8 @@ from .frontend import FrontEnd
 from .offload import OffloadTier
 from .profile import Resolved, prefill_cap, resolve
 from .specdec import Acceptance, default_rates, rates_from_length
-from .stats import EngineStats
 from .timing import StepTiming
+from .vllm_metrics import EngineStats
 
 
 @dataclass
@@ -78,7 +78,7 @@ def build_engine(cfg: SimConfig) -> BuiltEngine:
     timing = StepTiming(r, cfg.spec_k, offload=cfg.kv_offload)
     kw = dict(num_blocks=r.num_gpu_blocks, block_size=r.block_size, max_num_seqs=r.max_num_seqs,
               max_batched_tokens=r.max_num_batched_tokens, timing=timing, stats=stats,
-              time_scale=cfg.time_scale, spec=acceptance(cfg), offload=offload,
+              time_scale=cfg.time_scale, acceptance=acceptance(cfg), offload=offload,
               prefill_cap=prefill_cap(r, max_model_len), full_isl=r.reserve_full_isl)
     engine = (SimEngine(**kw) if cfg.fixed_ttft_ms is None else
               FixedDelayEngine(fixed_ttft_s=cfg.fixed_ttft_ms / 1e3,

@@ -24,8 +24,8 @@ from .offload import OffloadTier
 from .request import FINISHED, RUNNING, WAITING, SimRequest
 from .sched import Scheduler
 from .specdec import Acceptance
-from .stats import EngineStats
 from .timing import Batch, StepTiming
+from .vllm_metrics import EngineStats
 
 # A step that ends up to this late keeps the absolute schedule (the next one is shortened), so
 # loop-timer and OS-scheduler jitter does not accumulate into a slower token rate; beyond it the
@@ -36,13 +36,13 @@ _SLACK_S = 0.005
 class SimEngine(Scheduler):
     def __init__(self, *, num_blocks: int, block_size: int, max_num_seqs: int, max_batched_tokens: int,
                  timing: StepTiming, stats: EngineStats, time_scale: float = 1.0,
-                 spec: Acceptance | None = None, offload: OffloadTier | None = None,
+                 acceptance: Acceptance | None = None, offload: OffloadTier | None = None,
                  prefill_cap: int = 0, full_isl: bool = True) -> None:
         super().__init__(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                          max_batched_tokens=max_batched_tokens, timing=timing, stats=stats,
-                         time_scale=time_scale, k=spec.k if spec is not None else 0, offload=offload,
+                         time_scale=time_scale, k=acceptance.k if acceptance is not None else 0, offload=offload,
                          prefill_cap=prefill_cap, full_isl=full_isl)
-        self.spec = spec
+        self.acceptance = acceptance  # the draft acceptance with speculative decoding, else None
         self.wake = asyncio.Event()  # set when there is new work (or an abort) to look at
         self._task: asyncio.Task | None = None
         self.steps = 0
@@ -166,7 +166,7 @@ class SimEngine(Scheduler):
     def _apply(self, batch: Batch) -> None:
         now_ns = self.now_ns()
         pool, bs, offload = self.pool, self.bs, self.offload
-        spec = self.spec
+        acceptance = self.acceptance
         stats = self.stats
         finished = []
         generated = 0
@@ -174,8 +174,8 @@ class SimEngine(Scheduler):
             if req.state != RUNNING:
                 continue
             if decode:
-                acc = spec.draw() if spec is not None else 0
-                if spec is not None:
+                acc = acceptance.draw() if acceptance is not None else 0
+                if acceptance is not None:
                     stats.on_drafts(self.k, acc)
                 req.num_computed += 1 + acc
                 gen = 1 + acc

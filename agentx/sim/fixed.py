@@ -53,8 +53,8 @@ async def _one(eng: FixedDelayEngine, req: SimRequest) -> None:
         await sleep_until(t)
         if req.aborted:
             break
-        gen = 1 if req.num_out == 0 or eng.spec is None else 1 + eng.spec.draw()
-        if req.num_out > 0 and eng.spec is not None:
+        gen = 1 if req.num_out == 0 or eng.acceptance is None else 1 + eng.acceptance.draw()
+        if req.num_out > 0 and eng.acceptance is not None:
             eng.stats.on_drafts(eng.k, gen - 1)
         gen, finish = eng.emit_tokens(req, gen, time.perf_counter_ns())
         if finish is not None:

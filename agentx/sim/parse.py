@@ -32,8 +32,8 @@ from . import protocol as P
 from .config import SimConfig
 from .kvcache import block_hashes
 from .prompt import PromptEncoder
+from .receive_stamps import ReceiveStamps
 from .request import SimRequest
-from .rxstamp import ReceiveStamps
 
 # A prompt the simulator accepts has at most max_model_len tokens. As JSON that is ~6 bytes a
 # token as text (5.9 measured on agentx's prompts, real English through this word-level

@@ -35,8 +35,8 @@ from collections import deque
 from .kvcache import BlockPool
 from .offload import OffloadTier
 from .request import FINISHED, LOADING, RUNNING, WAITING, SimRequest
-from .stats import EngineStats
 from .timing import Batch, StepTiming
+from .vllm_metrics import EngineStats
 
 
 class Scheduler:

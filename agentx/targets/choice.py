@@ -20,7 +20,7 @@ from ..options import StrictModel, opt
 from ..recipe.schema import Recipe
 
 if TYPE_CHECKING:
-    from ..golden import GoldenPin
+    from ..golden_al import GoldenPin
     from ..sim.config import SimConfig
 
 Kind = Literal["url", "vllm", "sim", "embedded"]

@@ -11,9 +11,9 @@ import select
 import struct
 import subprocess
 
+from ..child_process import spawn_python
 from ..errors import InputError
-from ..golden import GoldenPin
-from ..lifeline import spawn_python
+from ..golden_al import GoldenPin
 from ..sim.config import SimConfig
 from .base import Server, Target
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import orjson
 
 from ..errors import InputError
-from ..shipped import data_dir
+from ..shipped_data import data_dir
 from .model import Trace, TraceSet
 from .readers import Mooncake, Reader, for_document, for_record
 from .weka import decode_json
@@ -46,7 +46,7 @@ _MEMBER_SUFFIXES = {d + c for d in _DATA_SUFFIXES for c in ("", *_COMPRESSED)}
 
 def traces_dir() -> Path:
     """Where built-in traces live: $AGENTX_TRACES_DIR, the wheel's agentx/_traces, or the
-    checkout's traces/ (agentx.shipped)."""
+    checkout's traces/ (agentx.shipped_data)."""
     return data_dir("traces", TRACES_DIR_ENV)
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ..cache_theory.tiers import theory_band, tier_theory
 from ..config import RunConfig
 from ..engine.drive import DriveResult
-from ..golden import GoldenPin
+from ..golden_al import GoldenPin
 from ..metrics.arrivals import arrival_summary
 from ..metrics.client_bound import client_bound
 from ..metrics.concurrency import concurrency_block

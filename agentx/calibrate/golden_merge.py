@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from ..golden import ModelAL, load_golden
+from ..golden_al import ModelAL, load_golden
 
 HEADER = ["# Golden mean acceptance lengths (AL) by draft, thinking mode and K, written by "
           "`agentx calibrate`",

@@ -1,6 +1,6 @@
 """Shape statistics of a TraceSet: what a workload looks like before it is replayed.
 
-Distributions (`agentx.dist`: count, mean, std, min, max, p10 ... p99, linear interpolation)
+Distributions (`agentx.distribution`: count, mean, std, min, max, p10 ... p99, linear interpolation)
 are over parent sessions and
 their own turns; subagents are reported separately. Hit rates are the theoretical prefix-cache
 hits implied by the hash_ids (block granularity, a turn's hit = the longest prefix of its ids
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ..dist import dist
+from ..distribution import dist
 from ..prefix_cache import PrefixCache
 from .model import Subagent, Trace, TraceSet, Turn
 from .weka import common_prefix

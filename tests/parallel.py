@@ -144,11 +144,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     file's tests that share a module fixture. (xdist's own `--dist loadgroup` marks do not
     group anything with pytest 9.2 / xdist 3.8: it renames `item._nodeid`, which pytest 9 no
     longer reads.)"""
+    from collections import OrderedDict
+
     from xdist.scheduler import LoadScopeScheduling
 
     units: dict[str, str] = {}
 
+    class VllmFirst(OrderedDict):
+        """The work queue (units by size, largest first) with the vllm group at its head even
+        when a file's unit holds more tests: it is the longest unit by far."""
+
+        def __setitem__(self, key, value) -> None:
+            super().__setitem__(key, value)
+            if key == VLLM_GROUP:
+                self.move_to_end(key, last=False)
+
     class VllmGroupScheduling(LoadScopeScheduling):
+        def __init__(self, config: pytest.Config, log=None) -> None:
+            super().__init__(config, log)
+            self.workqueue = VllmFirst()
+
         def _split_scope(self, nodeid: str) -> str:
             if not units and os.environ.get(UNITS_ENV):  # written before any collection is in
                 units.update(json.loads(Path(os.environ[UNITS_ENV]).read_text() or "{}"))

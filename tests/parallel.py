@@ -12,13 +12,20 @@ the suite runs on one worker more than the machine has cores. Three rules keep t
   server order (one server alive at a time, each kind started once: tests/vllm_env/fixtures.py)
   while the others run the rest. Being the largest unit, the scheduler hands it out first;
 - a `vllm` test waits for the vLLM venv (built in the background by .ci/run) before it takes
-  the shared lock, so an `alone` test never waits on a pip install.
+  the shared lock, so an `alone` test never waits on a pip install;
+- the tests of a file that share a module-scoped fixture (a built wheel, a rendered report,
+  50 real sessions loaded) are one unit of work too, so the fixture is built once, not once
+  on every worker that draws one of them (the wheel was built twice, 110 s each). An `alone`
+  test stays a unit of its own, run last: inside a unit it would start early and wait for the
+  vllm worker's current test while every other worker idles. Workers know the fixtures, the
+  scheduler only node ids: the workers write each test's unit to a file the scheduler reads.
 
 Without `-n` nothing here does anything: the suite runs in order in one process.
 """
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import tempfile
 from contextlib import contextmanager
@@ -29,6 +36,7 @@ import pytest
 
 VLLM_GROUP = "vllm"
 VLLM_FILES = "test_vllm_"
+UNITS_ENV = "AGENTX_PYTEST_UNITS"  # the file the workers write {nodeid: unit} to
 
 
 class SharedOrAlone:
@@ -66,11 +74,22 @@ _VENV_WAITED: list[bool] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """On an xdist worker: open the session's lock (one directory per test run)."""
+    """On an xdist worker: open the session's lock (one directory per test run). On the
+    controller of `-n`: name the units file (the workers, started later, inherit it)."""
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:
         run = workerinput.get("testrunuid", "local")
         _LOCK.append(SharedOrAlone(Path(tempfile.gettempdir()) / f"agentx-pytest-{run}"))
+    elif getattr(config.option, "numprocesses", None):
+        fd, path = tempfile.mkstemp(prefix="agentx-pytest-units-", suffix=".json")
+        os.close(fd)
+        os.environ[UNITS_ENV] = path
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """On the controller: remove the units file."""
+    if getattr(config, "workerinput", None) is None and os.environ.get(UNITS_ENV):
+        Path(os.environ.pop(UNITS_ENV)).unlink(missing_ok=True)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -90,6 +109,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(f"{item.nodeid}: a `vllm` test must live in a "
                                     f"{VLLM_FILES}*.py file (tests/parallel.py groups them)")
     if getattr(config, "workerinput", None) is not None:
+        units = {item.nodeid: str(item.path.name) for item in items if _shares_module_fixture(item)}
+        if os.environ.get(UNITS_ENV):
+            tmp = f"{os.environ[UNITS_ENV]}.{os.getpid()}"
+            Path(tmp).write_text(json.dumps(units))
+            os.replace(tmp, os.environ[UNITS_ENV])  # whole, whichever worker writes last
         items.sort(key=lambda item: (item.get_closest_marker("alone") is not None,  # stable
                                      item.get_closest_marker("slow") is None))
 
@@ -98,16 +122,52 @@ def _is_vllm_file(nodeid: str) -> bool:
     return nodeid.split("::", 1)[0].rsplit("/", 1)[-1].startswith(VLLM_FILES)
 
 
+def _shares_module_fixture(item: pytest.Item) -> bool:
+    """A test outside the vllm files, not `alone`, that uses a module-scoped fixture."""
+    if _is_vllm_file(item.nodeid) or item.get_closest_marker("alone") is not None:
+        return False
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(defs and defs[-1].scope == "module"
+                                    for defs in info.name2fixturedefs.values())
+
+
+def unit_of(nodeid: str, units: dict[str, str]) -> str:
+    """The unit of work a test belongs to: the vllm group, its file when it shares a module
+    fixture (`units`, from the workers), or else the test alone."""
+    return VLLM_GROUP if _is_vllm_file(nodeid) else units.get(nodeid, nodeid)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """Load scheduling in which the `vllm` tests are one unit of work (one worker, in the
-    server order of tests/vllm_env/fixtures.py), handed out first as the largest. (xdist's own
-    `--dist loadgroup` marks did not group anything with pytest 9.2 / xdist 3.8 here.)"""
+    """Load scheduling in units of work (`unit_of`): the `vllm` tests (one worker, in the
+    server order of tests/vllm_env/fixtures.py), handed out first as the largest, and each
+    file's tests that share a module fixture. (xdist's own `--dist loadgroup` marks do not
+    group anything with pytest 9.2 / xdist 3.8: it renames `item._nodeid`, which pytest 9 no
+    longer reads.)"""
+    from collections import OrderedDict
+
     from xdist.scheduler import LoadScopeScheduling
 
+    units: dict[str, str] = {}
+
+    class VllmFirst(OrderedDict):
+        """The work queue (units by size, largest first) with the vllm group at its head even
+        when a file's unit holds more tests: it is the longest unit by far."""
+
+        def __setitem__(self, key, value) -> None:
+            super().__setitem__(key, value)
+            if key == VLLM_GROUP:
+                self.move_to_end(key, last=False)
+
     class VllmGroupScheduling(LoadScopeScheduling):
+        def __init__(self, config: pytest.Config, log=None) -> None:
+            super().__init__(config, log)
+            self.workqueue = VllmFirst()
+
         def _split_scope(self, nodeid: str) -> str:
-            return VLLM_GROUP if _is_vllm_file(nodeid) else nodeid
+            if not units and os.environ.get(UNITS_ENV):  # written before any collection is in
+                units.update(json.loads(Path(os.environ[UNITS_ENV]).read_text() or "{}"))
+            return unit_of(nodeid, units)
 
     return VllmGroupScheduling(config, log)
 

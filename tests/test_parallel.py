@@ -6,7 +6,7 @@ import multiprocessing as mp
 import time
 from pathlib import Path
 
-from parallel import SharedOrAlone, _is_vllm_file
+from parallel import SharedOrAlone, _is_vllm_file, unit_of
 
 
 def _hold(name: str, directory: str, alone: bool, seconds: float, go: float, log) -> None:
@@ -53,3 +53,13 @@ def test_vllm_tests_are_grouped_by_file_name():
     assert _is_vllm_file("tests/test_vllm_replay.py::test_x[eagle3]")
     assert not _is_vllm_file("tests/test_client_stream.py::test_vllm_stream_parsed_exactly[1]")
     assert not _is_vllm_file("tests/test_sim_api.py::test_metrics_families_match_vllm")
+
+
+def test_a_module_fixtures_tests_are_one_unit_and_the_vllm_files_another():
+    """The scheduler's units: a file's tests that share a module fixture (as the workers
+    found them at collection) go to one worker, so the fixture is built once."""
+    units = {"tests/test_wheel.py::test_a": "test_wheel.py",
+             "tests/test_wheel.py::test_b": "test_wheel.py"}
+    assert unit_of("tests/test_wheel.py::test_a", units) == unit_of("tests/test_wheel.py::test_b", units)
+    assert unit_of("tests/test_ab.py::test_c", units) == "tests/test_ab.py::test_c"
+    assert unit_of("tests/test_vllm_smoke.py::test_d", units) == unit_of("tests/test_vllm_replay.py::test_e", {})

@@ -31,7 +31,11 @@ CONTEXT_SCALE = 0.015  # 789k-token prompts (p99) -> ~12k tokens: fits max_model
 SLICE = 16  # sessions taken from the real set
 
 
-@pytest.fixture(scope="module")
+# Session-scoped, not module: the vllm tests run in server order, so this file's tests are
+# interleaved with other files' and a module fixture was torn down and rebuilt between them
+# (a second 20 s replay, inside the `alone` test_client_ttft_agrees_with_server_ttft's
+# exclusive lock). Nothing here mutates them.
+@pytest.fixture(scope="session")
 def real_slice(tmp_path_factory) -> Path:
     """Every 33rd session of the real archive, unpacked to a temp dir (never into the repo)."""
     out = tmp_path_factory.mktemp("real-slice")
@@ -53,13 +57,13 @@ def _replay(server, trace: Path, out: Path, **kw) -> tuple[dict, list[dict]]:
     return summary, read_records(out / "requests.jsonl")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server_template_run(vllm_servers, real_slice, tmp_path_factory):
     server = vllm_servers.get("plain")
     return server, *_replay(server, real_slice, tmp_path_factory.mktemp("st"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def client_template_run(vllm_servers, vllm_assets, real_slice, tmp_path_factory):
     server = vllm_servers.get("plain")
     return server, *_replay(server, real_slice, tmp_path_factory.mktemp("ct"),

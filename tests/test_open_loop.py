@@ -79,6 +79,8 @@ def test_poisson_count_and_burstiness_dispersion():
     assert _take(poisson_times(3, rate), 5) != _take(poisson_times(4, rate), 5)
 
 
+@pytest.mark.alone  # send instants within 0.1 s of the schedule: clean-clone CI (3 workers,
+# 2026-12-03) sent the first session 1.15 s late beside two busy workers; alone it is on time
 def test_poisson_run_arrives_on_schedule_and_reports_rates(sim, tmp_path):
     """A run's sessions arrive at the seed's schedule (first requests sent at those instants),
     their number is within Poisson bounds, and summary.json's offered and achieved rates are

@@ -64,7 +64,6 @@ BASELINE = "cap"
 # more requests and prefill tokens than any of the baseline's (printed), where the baseline's model
 # extrapolates: shown, not fitted
 FIT_RUNS = ("ab0-a", "ab-a", "ab-b")
-KV_BYTES_PER_TOKEN = 147_456  # Qwen3-8B shape, bf16: 36 layers x 8 KV heads x 128 x 2 x 2 B
 
 
 def load(name: str) -> list[dict]:
@@ -100,7 +99,8 @@ def copy_rate() -> float:
 
 
 def fit(shift: int) -> dict:
-    X, y, _ = aligned(load(BASELINE), shift)
+    runs = {name: load(name) for name in RUNS}  # each file read once
+    X, y, _ = aligned(runs[BASELINE], shift)
     coef = np.linalg.lstsq(X, y, rcond=None)[0]
     pred = X @ coef
     r2 = 1 - np.sum((y - pred) ** 2) / np.sum((y - y.mean()) ** 2)
@@ -117,7 +117,7 @@ def fit(shift: int) -> dict:
           f"{'reqs/step':>9s} {'tok/step':>10s}")
     per_kind: dict[str, list] = {}
     for name, kind in RUNS.items():
-        steps = load(name)
+        steps = runs[name]
         X, y, batches = aligned(steps, shift)
         pred = X @ coef
         factor = float(np.median(y / pred)) / base_ratio

@@ -68,9 +68,9 @@ def write_html(path: Path, runs: list[Run], *, ab_dirs: list[Path] = (), goodput
     with tempfile.TemporaryDirectory(prefix="agentx-html-") as tmp:
         figs = Figures(Path(tmp), plots)
         parts = [*head, *(_ab_section(d, figs) for d in ab_dirs)]
-        if len(runs) > 1:
-            parts.append(_pareto_section(runs, short_names(runs), figs, goodput, gpus, cost))
         names = short_names(runs)
+        if len(runs) > 1:
+            parts.append(_pareto_section(runs, names, figs, goodput, gpus, cost))
         parts += [_run_section(r, names[i], figs, i, open_=len(runs) <= OPEN_UP_TO)
                   for i, r in enumerate(runs)]
     heading = title(runs[0].summary) if len(runs) == 1 else f"agentx report — {len(runs)} runs"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from ..metrics.cost import cost_columns
 from ..metrics.definitions import interactivity_tok_s
 from ..metrics.summary import measured
 from ..metrics.window import headline
+from ..rundir import common_parent
 from .target import gpus_of, load_text, target_text
 
 PUBLISHABLE = ("pass", "")  # verdicts a frontier point may have ("": validation off)
@@ -72,10 +74,9 @@ def short_names(paths: list[str]) -> list[str]:
     """Each run's path below the runs' common parent (`a/1` and `b/1` for an A/B's sides, not
     `1` twice); one run: its folder's name."""
     if len(paths) == 1:
-        return [os.path.basename(os.path.normpath(paths[0]))]
-    full = [os.path.abspath(p) for p in paths]
-    base = os.path.commonpath([os.path.dirname(p) for p in full])
-    return [os.path.relpath(p, base) for p in full]
+        return [Path(paths[0]).name]
+    base = common_parent(paths)
+    return [os.path.relpath(Path(p).resolve(), base) for p in paths]
 
 
 def run_row(name: str, summary: dict, records: list[dict], gpus: int | None = None) -> dict:

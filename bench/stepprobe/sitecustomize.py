@@ -82,10 +82,10 @@ class _Log:
         self.lock = threading.Lock()
         self.flush_every(1.0)
 
-    def step(self, t0: float, t1: float, fn: str, extra: dict) -> None:
+    def step(self, t0: float, t1: float, fn: str) -> None:
         with self.lock:
             row = {"t0": round(t0, 6), "dt": round(t1 - t0, 6), "fn": fn, "conn": self.connector,
-                   **self.batch, **extra,
+                   **self.batch,
                    "hooks": {k: round(v, 6) for k, v in self.hooks.items()}, **self.moves}
             self.rows.append(row)
             self.hooks, self.moves, self.batch = {}, {}, {}
@@ -168,7 +168,7 @@ def _moves(meta) -> dict:
 def _patch_core(mod) -> None:
     for fn in ("step", "step_with_batch_queue"):
         _timed(mod.EngineCore, fn,
-               lambda out, dt, args, t0, fn=fn: LOG.step(t0, t0 + dt, fn, {}))
+               lambda out, dt, args, t0, fn=fn: LOG.step(t0, t0 + dt, fn))
 
 
 def _patch_scheduler(mod) -> None:

@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
 """`python bench.py ...` is `agentx run ...`: replay a trace, print and write the summary."""
-import sys
+from agentx import sigint_hold
 
-from agentx.cli import main
+sigint_hold.hold()  # a Ctrl-C while agentx imports exits 130 with one line (agentx.cli.main)
+
+import sys  # noqa: E402
+
+from agentx.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(["run", *sys.argv[1:]]))

@@ -8,6 +8,7 @@ import difflib
 import importlib
 import sys
 
+from . import sigint_hold
 from .errors import InputError, RunLost
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
@@ -71,6 +72,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    sigint_hold.hold()  # a Ctrl-C while imports and parsing run is raised inside the try
     argv = sys.argv[1:] if argv is None else list(argv)
     is_run = command_of(argv) == "run"
     if is_run:  # SIGTERM as Ctrl-C: exit 130 (docs/reliability.md)
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
             if (printed := config_flags(args)) is not None:
                 return printed
+        sigint_hold.release()  # the command handles Ctrl-C from here (a run: its drain)
         return int(args.func(args) or 0)
     except (InputError, RunLost) as err:
         print(str(err), file=sys.stderr)
@@ -96,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C before a run handles it (start-up), or in a command
         print("agentx: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        sigint_hold.restore()  # a parse error or --help: no held Ctrl-C left behind
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ server's arrival times). Multi-host clock handling is checked on its own pure fu
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import orjson
@@ -29,8 +30,10 @@ def _trace(path: Path) -> Path:
     return write_trace(path, sessions=4, turns=6, think=0.05, out=8)
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def ray_local():
+    """One private Ray for the module's `--ray local` tests (a Ray start costs 10-30 s of CI
+    CPU): the run never shuts down a Ray it finds running, as a user's driver would want."""
     yield "local"
     if ray.is_initialized():
         ray.shutdown()
@@ -98,6 +101,33 @@ def test_an_actor_that_fails_while_starting_does_not_hold_the_others(tmp_path, r
     assert recs and {r["lane"] for r in recs} == {0, 2} and all(r["ok"] for r in recs)
 
 
+def test_an_actor_that_dies_before_its_first_answer_is_placed_again(tmp_path, ray_local):
+    """RayPool._place: a fresh actor that dies before it answers (clean-clone CI once saw Ray
+    report one dead as "all references removed" on a loaded host) is replaced; the run goes on
+    with one actor per spec. Here the first actor to start exits in its constructor."""
+    from agentx.engine.ray_pool import LaneWorker, RayPool
+
+    marker = tmp_path / "first-died"
+
+    class DiesOnce(LaneWorker):  # local: Ray ships it by value
+        def __init__(self) -> None:
+            try:
+                fd = os.open(marker, os.O_CREAT | os.O_EXCL)
+            except FileExistsError:
+                return super().__init__()
+            os.close(fd)
+            os._exit(1)
+
+    pool = RayPool(ray_local, [])
+    pool.specs = [None, None]  # _place only counts them
+    actors, clocks = pool._place(ray.remote(num_cpus=1)(DiesOnce))
+    assert marker.exists() and len(actors) == 2 and len(clocks) == 2
+    assert all(c["host"] for c in clocks)
+    assert len({a._actor_id for a in actors}) == 2
+    for a in actors:  # their CPUs, for the module's next test on this Ray
+        ray.kill(a)
+
+
 def test_records_from_another_host_move_into_the_drivers_clock(tmp_path):
     rec = {"request_id": "a", "start_ns": 5_000, "end_ns": 9_000, "first_token_ns": 6_000,
            "first_content_ns": 0, "intended_send_ns": 4_000, "chunk_offsets_ns": [1_000]}
@@ -122,6 +152,8 @@ def two_node_cluster():
     lane actor fits per node, so the two actors must land on different nodes."""
     from ray.cluster_utils import Cluster
 
+    if ray.is_initialized():  # the module's local Ray: this test's driver joins the cluster
+        ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1,
                                                             "include_dashboard": False})
     worker = cluster.add_node(num_cpus=1)

@@ -42,10 +42,11 @@ def run_ab(cfg: ABConfig) -> dict:
             return sides[name]
 
         if cfg.parallel:
+            both = stack.enter_context(_Both())
             for i in range(1, cfg.repeats + 1):
                 a, b = side("a"), side("b")
-                pair = _both((_config(cfg, a, i, out), a.target),
-                             (_config(cfg, b, i, out), b.target))
+                pair = both.run((_config(cfg, a, i, out), a.target),
+                                (_config(cfg, b, i, out), b.target))
                 summaries["a"].append(pair[0])
                 summaries["b"].append(pair[1])
         else:
@@ -75,16 +76,27 @@ def _stop_servers(sides: dict[str, Side]) -> None:
         s.server.stop()
 
 
-def _both(side_a: tuple[RunConfig, Target], side_b: tuple[RunConfig, Target]) -> list[dict]:
+class _Both:
     """Both sides at once, each in its own client process (as two `agentx run`): sharing one
     event loop, the side whose tasks were created first would be served first at every tick.
     They start their lanes together, once both are built: otherwise the start-up of one
     (imports, traces, scraper process, every lane's first session) falls inside the other's
-    first seconds."""
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Manager() as manager, ProcessPoolExecutor(2, mp_context=ctx) as ex:
-        gate = manager.Barrier(2)
-        futures = [ex.submit(_run_side, *side_a, gate), ex.submit(_run_side, *side_b, gate)]
+    first seconds. The two processes (and the barrier's manager) serve every repeat: spawning
+    them again costs each repeat ~1 s of imports per side before anything is measured."""
+
+    def __enter__(self) -> _Both:
+        ctx = multiprocessing.get_context("spawn")
+        self._stack = contextlib.ExitStack()
+        self._manager = self._stack.enter_context(ctx.Manager())
+        self._ex = self._stack.enter_context(ProcessPoolExecutor(2, mp_context=ctx))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def run(self, side_a: tuple[RunConfig, Target], side_b: tuple[RunConfig, Target]) -> list[dict]:
+        gate = self._manager.Barrier(2)  # a fresh one: a side that failed breaks it
+        futures = [self._ex.submit(_run_side, *side_a, gate), self._ex.submit(_run_side, *side_b, gate)]
         return [f.result() for f in futures]
 
 

@@ -40,6 +40,7 @@ from .workers import merge_live
 STATS_EVERY_S = 0.5
 READY_POLL_S = 0.1  # how often the driver asks actors still starting whether they are ready
 START_MARGIN_S = 0.5  # last actor ready -> shared start: covers one go() call's round trip
+PLACE_TRIES = 3  # placements of one actor that dies before its first answer, before the run fails
 # monotonic-ns fields of a record that are instants (offsets inside a record are relative)
 INSTANT_FIELDS = ("intended_send_ns", "start_ns", "first_token_ns", "first_content_ns", "end_ns")
 
@@ -243,9 +244,7 @@ class RayPool:
         ray = self.ray
         s0 = self.specs[0]
         files = files_to_ship(s0.workload.trace, s0.token_info)
-        cls = actor_class(ray)
-        self.actors = [cls.options(scheduling_strategy="SPREAD").remote() for _ in self.specs]
-        clocks = ray.get([a.clock.remote() for a in self.actors])
+        self.actors, clocks = self._place(actor_class(ray))
         me = clock()
         files_ref = ray.put(files)
         for s, a, c in zip(self.specs, self.actors, clocks):
@@ -257,6 +256,27 @@ class RayPool:
             d = 0 if c["host"] == me["host"] else me["offset_ns"] - c["offset_ns"]
             self._deltas.append(d)
             self._refs.append(a.run.remote(s, files_ref))
+
+    def _place(self, cls: Any) -> tuple[list, list[dict]]:
+        """One actor per spec, and each one's clock. An actor that dies before it answers (its
+        worker process failed to start, its node went away; Ray 2.60 on a loaded 2-core host
+        has reported a fresh actor dead as "all references removed") is placed again, up to
+        PLACE_TRIES times: nothing of the run was given to it yet."""
+        ray = self.ray
+        actors = [cls.options(scheduling_strategy="SPREAD").remote() for _ in self.specs]
+        pending = [a.clock.remote() for a in actors]
+        clocks: list[dict] = []
+        for i in range(len(actors)):
+            for attempt in range(1, PLACE_TRIES + 1):
+                try:
+                    clocks.append(ray.get(pending[i]))
+                    break
+                except ray.exceptions.RayActorError:
+                    if attempt == PLACE_TRIES:
+                        raise
+                    actors[i] = cls.options(scheduling_strategy="SPREAD").remote()
+                    pending[i] = actors[i].clock.remote()
+        return actors, clocks
 
     def request_stop(self, force: bool = False) -> None:
         self._stopping = True

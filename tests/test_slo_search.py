@@ -201,3 +201,5 @@ def test_a_sweep_with_no_decidable_cell_exits_3(tmp_path, recipe):
     assert proc.returncode == 3, proc.stderr[-3000:]
     err = " ".join(proc.stderr.split())
     assert "no cell has a verdict that can be published (p0-tp1 c4 insufficient)" in err
+    # the cell's line says why it is kept off the frontier: the validation's first reason
+    assert "p0-tp1 c4: verdict insufficient: samples: " in err, err

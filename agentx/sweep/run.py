@@ -98,11 +98,21 @@ def step(recipe: Recipe, path: Path, cell: Cell, servers: PointServers, cfg: Swe
                           f"{cell.error.splitlines()[0]}")
         elif cell.verdict not in (None, "pass"):
             console.print(f"  [yellow]{cell.label} c{cell.conc}: verdict "
-                          f"{cell.verdict}[/yellow] (kept off the Pareto frontier)")
+                          f"{cell.verdict}[/yellow]{_first_reason(cell.dir)} (kept off the "
+                          "Pareto frontier)", highlight=False)
     if (cell.dir / SUMMARY).exists():
         summary = load_summary(cell.dir)
         cell.verdict = (summary.get("validation") or {}).get("verdict")
         cell.goodput = ((summary.get("goodput") or {}).get("met") or {}).get("all")
+
+
+def _first_reason(cell_dir: Path) -> str:
+    """`: <the validation's first reason>` of a cell's summary ('' without one): a cell kept
+    off the frontier says why on the line that says so (machine load, errors, a thin run)."""
+    if not (cell_dir / SUMMARY).exists():
+        return ""
+    reasons = (load_summary(cell_dir).get("validation") or {}).get("reasons") or []
+    return f": {reasons[0]}" if reasons else ""
 
 
 def sweep(recipe: Recipe, path: Path, cfg: SweepConfig) -> list[Cell]:

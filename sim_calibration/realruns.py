@@ -47,7 +47,11 @@ class RealRun:
         return cfg, recs, summ
 
 
-_OFFLOAD = {"kv_offload": "simple-cpu", "offload_gb": 64.424509440, "offload_store": "lazy"}
+# vLLM 0.24.0's SimpleCPUOffloadConnector, cpu_bytes_to_use 64,424,509,440, lazy_offload: true,
+# whose lazy store is a walk over the GPU free queue holding the blocks it copies
+# (offload_store_walk; the simulator's default stores on eviction, see docs/simulator.md)
+_OFFLOAD = {"kv_offload": "simple-cpu", "offload_gb": 64.424509440, "offload_store": "lazy",
+            "offload_store_walk": True}
 
 
 def _files(folder: Path, prefix: str = "") -> tuple[Path, Path]:

@@ -55,6 +55,16 @@ def test_offb_repeats_are_one_group():
     assert len({groups[n] for n in ("base", "spec", "offA", "offB", "spec32", "offb")}) == 6
 
 
+def test_simple_cpu_offload_runs_are_replayed_with_vllm_024s_lazy_walk():
+    """The SimpleCPUOffload servers (vLLM 0.24.0, lazy_offload) held the blocks their lazy store
+    copied (sim/offload.py `OffloadTier.walk`); the replay models that, the other runs have no tier."""
+    off = [r for r in runs(DATA) if r.server.get("kv_offload") == "simple-cpu"]
+    assert {r.name for r in off} == {"offB", "offb", "offb-r1", "offb-r2"}
+    for r in off:
+        cfg = r.load()[0]
+        assert cfg.offload_store_walk and cfg.offload_store == "lazy"
+
+
 def test_group_rule_widens_the_bound_by_the_real_spread():
     svr = _sim_vs_real()
     reals = [8.29, 8.57, 10.18]  # TTFT p50 (s) of offb-r1, offb, offb-r2

@@ -9,7 +9,7 @@ from .config import SimConfig
 from .engine import SimEngine
 from .fixed import FixedDelayEngine
 from .frontend import FrontEnd
-from .offload import OffloadTier
+from .offload import OffloadTier, lazy_target_blocks
 from .profile import Resolved, prefill_cap, resolve
 from .specdec import Acceptance, default_rates, rates_from_length
 from .timing import StepTiming
@@ -54,28 +54,32 @@ def acceptance(cfg: SimConfig) -> Acceptance | None:
     return Acceptance(k, rates, seed=cfg.seed + 1)
 
 
-def offload_tier(cfg: SimConfig, r: Resolved) -> OffloadTier | None:
+def offload_tier(cfg: SimConfig, r: Resolved, timing: StepTiming | None = None) -> OffloadTier | None:
     """The CPU tier; blocks are stored eagerly (as soon as computed) or lazily (on GPU
-    eviction): --offload-store, by default the connector's store policy (agentx.offload)."""
+    eviction, or with --offload-store-walk by vLLM 0.24's walk over the free queue):
+    --offload-store, by default the connector's store policy (agentx.offload)."""
     if not cfg.offload_connector.enabled:
         return None
     store = cfg.offload_connector.store
     eager = cfg.offload_store == "eager" if cfg.offload_store else store.eager
+    walk = lazy_target_blocks(r.max_num_batched_tokens, r.block_size) if cfg.offload_store_walk else 0
+    timing = timing or StepTiming(r, cfg.spec_k, offload=cfg.kv_offload)
     return OffloadTier(r.offload_blocks, r.block_size, eager=eager,
-                       chunk_tokens=cfg.offload_chunk_tokens or store.chunk_tokens)
+                       chunk_tokens=cfg.offload_chunk_tokens or store.chunk_tokens,
+                       walk_target=walk, store_seconds=timing.store_seconds)
 
 
 def build_engine(cfg: SimConfig) -> BuiltEngine:
     r = resolve(cfg)
     max_model_len = min(cfg.max_model_len, r.kv_pool_tokens)
-    offload = offload_tier(cfg, r)
+    timing = StepTiming(r, cfg.spec_k, offload=cfg.kv_offload)
+    offload = offload_tier(cfg, r, timing)
     stats = EngineStats(model=cfg.model_name, engine=cfg.engine_id, max_model_len=max_model_len,
                         max_batched=r.max_num_batched_tokens, spec_k=cfg.spec_k,
                         offload=cfg.kv_offload)
     stats.set_cache_config(cache_config_labels(cfg, r, max_model_len))
     if offload is not None:
         stats.set_offload_info(r.offload_blocks, lazy=not offload.eager)
-    timing = StepTiming(r, cfg.spec_k, offload=cfg.kv_offload)
     kw = dict(num_blocks=r.num_gpu_blocks, block_size=r.block_size, max_num_seqs=r.max_num_seqs,
               max_batched_tokens=r.max_num_batched_tokens, timing=timing, stats=stats,
               time_scale=cfg.time_scale, acceptance=acceptance(cfg), offload=offload,

@@ -80,6 +80,10 @@ class SimConfig(StrictModel):
     offload_store: Literal["eager", "lazy"] | None = opt(
         None, "when blocks are copied to the tier (default: the connector's; simple-cpu lazy, "
         "mooncake and lmcache eager)", group=OFFLOAD)
+    offload_store_walk: bool = opt(
+        False, "model a lazy store as vLLM 0.24's SimpleCPUOffload does it: each step a walk "
+        "over the GPU free queue holds the blocks it copies until the copy ends (off: the copy "
+        "is free and instant at eviction)", group=OFFLOAD)
     offload_chunk_tokens: int | None = opt(
         None, "tier hits come back in whole chunks of this many tokens (default: the "
         "connector's; lmcache 256, others one GPU block)", group=OFFLOAD, ge=1)

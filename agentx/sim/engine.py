@@ -99,21 +99,23 @@ class SimEngine(Scheduler):
             st = self.stats
             st.kv_usage = self.pool.usage()
             if batch.empty:
-                # only loads in flight (or nothing admissible): wait for the earliest load
+                # only transfers in flight (or nothing admissible): wait for the earliest
+                self._step_ended(now)
                 self.wake.clear()
-                delay = min((r.load_until for r in self.loading), default=now + 0.001) - now
+                delay = min(self._transfer_ends(), default=now + 0.001) - now
                 try:
                     await asyncio.wait_for(self.wake.wait(), timeout=max(delay, 0.0))
                 except asyncio.TimeoutError:
                     pass
                 start = time.perf_counter()
                 continue
-            dt = self.timing.step_seconds(batch) / self.scale
+            dt = self._step_seconds(batch, start)
             end = start + dt
             await sleep_until(end)
             # lateness is measured at the wake-up: the bookkeeping of this step (_apply) runs
             # inside the next step's interval, as a real engine's CPU work overlaps the GPU's
             t = time.perf_counter()
+            self._step_ended(end)
             self._apply(batch)
             self.steps += 1
             late = t - end
@@ -132,12 +134,18 @@ class SimEngine(Scheduler):
         now = self.virtual_ns / 1e9
         batch = self._schedule(now)
         if batch.empty:
-            if not self.loading:
+            self._step_ended(now, 1.0)
+            if self.offload is not None and self.offload.completed:
+                return True  # the next schedule frees their blocks
+            ends = self._transfer_ends()
+            if not ends:
                 return False
-            self.virtual_ns = int(min(q.load_until for q in self.loading) * 1e9) + 1
+            self.virtual_ns = int(min(ends) * 1e9) + 1
             self._finish_loads(self.virtual_ns / 1e9)
+            self._step_ended(self.virtual_ns / 1e9, 1.0)
             return True
-        self.virtual_ns += int(self.timing.step_seconds(batch) * 1e9)
+        self.virtual_ns += int(self._step_seconds(batch, now, 1.0) * 1e9)
+        self._step_ended(self.virtual_ns / 1e9, 1.0)
         self._apply(batch)
         self.steps += 1
         if self.loading:
@@ -204,7 +212,7 @@ class SimEngine(Scheduler):
             n = offload.stored_blocks - self._stored_seen
             self._stored_seen = offload.stored_blocks
             tokens = n * bs
-            stats.on_store(n, tokens * self.timing.kv_tok * self.timing.tp, self.timing.load_seconds(tokens))
+            stats.on_store(n, tokens * self.timing.kv_tok * self.timing.tp, self.timing.store_seconds(tokens))
             stats.offload_used_blocks = len(offload.blocks)
         if finished:
             keep = set(map(id, finished))

@@ -9,11 +9,13 @@
   instead of block ids, is agentx.prefix_cache (what the client expects; the cache tests
   check this pool against it).
 - A prompt may hit at most (prompt_len - 1) tokens: vLLM always recomputes the last token.
-- Evictions are reported to an optional listener (the offload tier's lazy store).
+- Evictions are reported to an optional listener (the offload tier's eviction-time store).
+- The free queue is a doubly linked list over block ids (`nxt`/`prv`, head and tail sentinels),
+  as vLLM's `FreeKVCacheBlockQueue`: SimpleCPUOffload's lazy store walks it from a cursor block
+  (sim/offload.py `OffloadTier.walk`), which an ordered dict cannot do.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -47,18 +49,57 @@ class BlockPool:
         self.ref = [0] * num_blocks
         self.bhash: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # hash -> block id
-        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        # free queue: block ids 0..n-1, head sentinel n, tail sentinel n+1; eviction end first
+        self.head, self.tail = num_blocks, num_blocks + 1
+        self.nxt = [*range(1, num_blocks), self.tail, 0, -1]
+        self.prv = [self.head, *range(num_blocks - 1), -1, num_blocks - 1]
+        self._nfree = num_blocks
         self.on_evict = on_evict
         self.evictions = 0
 
     # --- queries ---
     @property
     def num_free(self) -> int:
-        return len(self.free)
+        return self._nfree
 
     def usage(self) -> float:
         """Fraction of blocks referenced by requests (vLLM's kv_cache_usage_perc)."""
-        return 1.0 - len(self.free) / self.num_blocks
+        return 1.0 - self._nfree / self.num_blocks
+
+    def free_blocks(self) -> list[int]:
+        """The free queue, eviction end first."""
+        out, nxt, tail = [], self.nxt, self.tail
+        b = nxt[self.head]
+        while b != tail:
+            out.append(b)
+            b = nxt[b]
+        return out
+
+    # --- free queue (linked list) ---
+    def _unlink(self, b: int) -> None:
+        nxt, prv = self.nxt, self.prv
+        p, q = prv[b], nxt[b]
+        nxt[p] = q
+        prv[q] = p
+        self._nfree -= 1
+
+    def _append(self, b: int) -> None:
+        nxt, prv, t = self.nxt, self.prv, self.tail
+        p = prv[t]
+        nxt[p] = b
+        prv[b] = p
+        nxt[b] = t
+        prv[t] = b
+        self._nfree += 1
+
+    def _prepend(self, b: int) -> None:
+        nxt, prv, h = self.nxt, self.prv, self.head
+        q = nxt[h]
+        nxt[h] = b
+        prv[b] = h
+        nxt[b] = q
+        prv[q] = b
+        self._nfree += 1
 
     def match(self, hashes: Sequence[int], limit: int) -> int:
         """How many leading blocks of `hashes` (at most `limit`) are cached on the GPU."""
@@ -73,24 +114,27 @@ class BlockPool:
     # --- mutations ---
     def touch(self, hashes: Sequence[int]) -> list[int]:
         """Take a reference on the cached blocks of these hashes (a prefix hit)."""
-        out = []
-        cached, ref, free = self.cached, self.ref, self.free
-        for h in hashes:
-            b = cached[h]
+        return self.hold([self.cached[h] for h in hashes])
+
+    def hold(self, blocks: list[int]) -> list[int]:
+        """Take a reference on these blocks (vLLM `BlockPool.touch`): a free one leaves the free
+        queue, so it is neither allocatable nor evictable until released."""
+        ref, unlink = self.ref, self._unlink
+        for b in blocks:
             if ref[b] == 0:
-                del free[b]
+                unlink(b)
             ref[b] += 1
-            out.append(b)
-        return out
+        return blocks
 
     def allocate(self, n: int) -> list[int] | None:
         """n fresh blocks popped from the LRU head (evicting their cached content), or None."""
-        if n > len(self.free):
+        if n > self._nfree:
             return None
         out = []
-        free, bhash, cached, ref = self.free, self.bhash, self.cached, self.ref
+        bhash, cached, ref, nxt, unlink = self.bhash, self.cached, self.ref, self.nxt, self._unlink
         for _ in range(n):
-            b, _ = free.popitem(last=False)
+            b = nxt[self.head]
+            unlink(b)
             h = bhash[b]
             if h is not None:
                 bhash[b] = None
@@ -111,21 +155,23 @@ class BlockPool:
         self.cached[h] = block
         return True
 
-    def release(self, blocks: Sequence[int]) -> None:
-        """Drop a request's references, tail first, so its prefix stays cached longest; blocks
-        without a hash go to the queue's front instead and are reused first (vLLM 0.32
-        `BlockPool.free_blocks`), so they never displace cached content."""
-        ref, free, bhash = self.ref, self.free, self.bhash
-        for b in reversed(blocks):
+    def release(self, blocks: Sequence[int], tail_first: bool = True) -> None:
+        """Drop references: a request's tail first, so its prefix stays cached longest (a
+        finished store's in its own order: `tail_first=False`); blocks without a hash go to the
+        queue's front instead and are reused first (vLLM 0.24/0.32 `BlockPool.free_blocks`), so
+        they never displace cached content."""
+        ref, bhash = self.ref, self.bhash
+        for b in (reversed(blocks) if tail_first else blocks):
             ref[b] -= 1
             if ref[b] == 0:
-                free[b] = None
                 if bhash[b] is None:
-                    free.move_to_end(b, last=False)
+                    self._prepend(b)
+                else:
+                    self._append(b)
 
     def reset(self) -> None:
         """Forget every cached block that is not in use (vLLM's /reset_prefix_cache)."""
-        for b in list(self.free):
+        for b in self.free_blocks():
             h = self.bhash[b]
             if h is not None and self.cached.get(h) == b:
                 del self.cached[h]

@@ -21,9 +21,12 @@ completions are the same code before a refactor):
   (1,024 at 8,192 tokens and 16-token blocks) and copies those not in the tier yet; the copy is
   asynchronous, the GPU block is held meanwhile (still a GPU hit, not evictable), and the CPU
   block becomes a hit only when the store completes (`_process_store_completion`), which also
-  puts the GPU block back at the free queue's end. Modelled as a store on eviction; a block the
-  allocator takes before the walk reaches it (a pool kept full by waiting requests) is never
-  stored by vLLM, but is by both models (docs/server-metrics.md: what that costs);
+  puts the GPU block back at the free queue's end. Modelled by default as a store on eviction
+  (free and instant; a block the allocator takes before the walk reaches it, in a pool kept
+  full by waiting requests, is never stored by vLLM, but is by both models: docs/server-metrics.md);
+  with `walk_target` (SimConfig.offload_store_walk) as vLLM 0.24.0 does it: `walk` touches the
+  blocks, `launch` times their copy on one store stream, `release_completed` frees them to the
+  queue's tail and makes them hits, and `flush_wait` is a preempting step's wait for the copies;
 - the tier is a vLLM BlockPool of the GPU's block size (`_derive_cpu_config`), evicting least
   recently freed first;
 - a block already in the tier is not stored again and keeps its place
@@ -38,13 +41,35 @@ completions are the same code before a refactor):
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from .kvcache import BlockPool
+
+
+def lazy_target_blocks(max_num_batched_tokens: int, block_size: int) -> int:
+    """GPU blocks one lazy walk covers per step: vLLM 0.24.0
+    vllm/v1/simple_kv_offload/manager.py `_estimate_lazy_target_blocks` for one full-attention
+    group, cdiv(max_num_batched_tokens, block_size) x (1 + WATERMARK_RATIO = 1.0)."""
+    return 2 * -(-max_num_batched_tokens // block_size)
+
+
+@dataclass
+class _Store:
+    """One step's store event (vLLM `TransferMeta` under `_store_event_to_blocks`)."""
+    blocks: list[int]  # GPU blocks held (touched) until the copy completes
+    hashes: list[int]
+    done: float = 0.0  # when the copy finishes on the store stream
+    abandoned: bool = False  # a reset came in flight: freed without becoming a hit
 
 
 class OffloadTier:
     def __init__(self, capacity_blocks: int, block_size: int, eager: bool,
-                 chunk_tokens: int | None = None) -> None:
+                 chunk_tokens: int | None = None, walk_target: int = 0,
+                 store_seconds: Callable[[int], float] | None = None) -> None:
         self.capacity = max(0, capacity_blocks)
         self.block_size = block_size
         self.eager = eager
@@ -54,6 +79,26 @@ class OffloadTier:
         self.stored_blocks = 0  # cumulative GPU->CPU block copies
         self.loaded_blocks = 0  # cumulative CPU->GPU block copies
         self.evicted_blocks = 0
+        # lazy store as vLLM 0.24 does it (`walk_target` > 0, lazy only): see `walk`
+        self.walk_target = walk_target if not eager else 0
+        self.store_seconds = store_seconds  # GPU->CPU copy time of n tokens
+        self.cursor: int | None = None
+        self.reserved = 0  # CPU blocks taken by stores in flight (not hits yet)
+        self._walked: _Store | None = None  # this step's store, launched when the step ends
+        self.inflight: deque[_Store] = deque()  # launched, FIFO on one store stream
+        self._reported: list[_Store] = []  # complete, freed after the next schedule
+        self.stream_free = 0.0  # when the store stream finishes what it was given
+
+    @property
+    def completed(self) -> bool:
+        """Stores reported complete whose blocks the next schedule frees."""
+        return bool(self._reported)
+
+    @property
+    def held_blocks(self) -> int:
+        """GPU blocks out of the free queue while their store is in flight."""
+        held = sum(len(s.blocks) for s in (*self.inflight, *self._reported))
+        return held + (len(self._walked.blocks) if self._walked else 0)
 
     def store(self, h: int) -> None:
         """Copy one block's KV to the tier (see store_many)."""
@@ -65,31 +110,111 @@ class OffloadTier:
         are taken from the LRU head (`get_new_blocks`), which may evict blocks of the same
         request that were skipped; pinned blocks are never taken, and what finds no CPU block
         is not stored."""
-        blocks, pins = self.blocks, self.pins
+        blocks = self.blocks
         new = [h for h in dict.fromkeys(hashes) if h not in blocks]
         if not new or self.capacity == 0:
             return
-        room = self.capacity - len(blocks)
-        evict = len(new) - room
-        if evict > 0:
-            victims = []
-            for b in blocks:
-                if len(victims) == evict:
-                    break
-                if b not in pins:
-                    victims.append(b)
-            for b in victims:
-                del blocks[b]
-            self.evicted_blocks += len(victims)
-            new = new[:room + len(victims)]
+        self._make_room(len(new))
+        new = new[:self.capacity - len(blocks) - self.reserved]
         for h in new:
             blocks[h] = None
         self.stored_blocks += len(new)
 
     def on_gpu_evict(self, h: int) -> None:
-        """BlockPool eviction listener: the lazy store path."""
-        if not self.eager:
+        """BlockPool eviction listener: the lazy store path when it is modelled as a free,
+        instant store on eviction (`walk_target` 0)."""
+        if not self.eager and not self.walk_target:
             self.store(h)
+
+    # --- lazy store as a walk over the GPU free queue (vLLM 0.24.0) ---
+    def walk(self, pool: "BlockPool") -> None:
+        """End of a schedule: vLLM 0.24.0 vllm/v1/simple_kv_offload/manager.py
+        `_prepare_lazy_store_specs` (called from `build_connector_meta` at the end of
+        `Scheduler.schedule`). From the block after the cursor (from the head, the eviction
+        end, when there is no cursor or it is no longer free: `ref_cnt > 0`), cover up to
+        `walk_target` free blocks, fewer when the CPU pool has fewer free blocks; each hashed
+        block whose hash is not a CPU hit yet is touched (ref 0 -> 1: out of the free queue,
+        neither allocatable nor evictable) and gets a CPU block (`get_new_blocks`, which evicts
+        the CPU pool's least recently used). The cursor stays on the last block covered."""
+        if not self.walk_target:
+            return
+        nxt, ref, bhash, tail, blocks = pool.nxt, pool.ref, pool.bhash, pool.tail, self.blocks
+        cur = self.cursor
+        if cur is not None and ref[cur] > 0:
+            cur = None
+        node = nxt[pool.head] if cur is None else nxt[cur]
+        room = self.capacity - len(self.pins) - self.reserved  # cpu_pool.get_num_free_blocks()
+        out: list[int] = []
+        covered, last, target = 0, cur, self.walk_target
+        while node != tail and covered < target and len(out) < room:
+            last = node
+            h = bhash[node]
+            if h is not None and h not in blocks:
+                out.append(node)
+            covered += 1
+            node = nxt[node]
+        self.cursor = last
+        if not out:
+            return
+        self._make_room(len(out))
+        self.reserved += len(out)
+        pool.hold(out)
+        self._walked = _Store(out, [bhash[b] for b in out])
+
+    def _make_room(self, n: int) -> None:
+        """Evict least recently used unpinned tier blocks so `n` more CPU blocks are free."""
+        blocks, pins = self.blocks, self.pins
+        evict = len(blocks) + self.reserved + n - self.capacity
+        if evict <= 0:
+            return
+        victims = []
+        for b in blocks:
+            if len(victims) == evict:
+                break
+            if b not in pins:
+                victims.append(b)
+        for b in victims:
+            del blocks[b]
+        self.evicted_blocks += len(victims)
+
+    def launch(self, end: float, scale: float = 1.0) -> None:
+        """A step's compute ended at `end`: its store is copied on the store stream after it
+        (worker.py `get_finished` launches it after the model runs, ordered after a
+        compute-done event; one low-priority stream, FIFO), then every copy finished by `end`
+        is reported complete (`_poll_stream_events`: a high-water mark, in order). Times are
+        the engine clock's; copy durations are divided by `scale` as step durations are."""
+        s, self._walked = self._walked, None
+        if s is not None:
+            start = max(end, self.stream_free)
+            s.done = start + self.store_seconds(len(s.hashes) * self.block_size) / scale
+            self.stream_free = s.done
+            self.inflight.append(s)
+        q = self.inflight
+        while q and q[0].done <= end:
+            self._reported.append(q.popleft())
+
+    def flush_wait(self, start: float) -> float:
+        """Seconds a step starting at `start` waits because the schedule preempted a request:
+        the worker synchronises every copy already launched before the blocks are reused
+        (worker.py `handle_preemptions` -> `_flush_and_sync_all`, before the model runs)."""
+        return max(0.0, self.stream_free - start) if self.inflight else 0.0
+
+    def release_completed(self, pool: "BlockPool") -> None:
+        """Stores reported by the previous step become CPU hits and their GPU blocks are
+        freed to the free queue's tail in walk order (`_process_store_completion`; a reset
+        store only frees them, `_release_transfer_refs`). With asynchronous scheduling (on in
+        the H200 runs) a step's output is processed after the next step is scheduled, so this
+        runs after that schedule and its walk."""
+        for s in self._reported:
+            self.reserved -= len(s.hashes)
+            if not s.abandoned:
+                blocks = self.blocks
+                for h in s.hashes:
+                    blocks[h] = None
+                    blocks.move_to_end(h)
+                self.stored_blocks += len(s.hashes)
+            pool.release(s.blocks, tail_first=False)
+        self._reported.clear()
 
     def match(self, hashes: Sequence[int], limit: int, start: int = 0) -> int:
         """Leading blocks of `hashes` (at most `limit`) present in the tier; `hashes` begin
@@ -126,7 +251,11 @@ class OffloadTier:
         self.loaded_blocks += len(hashes)
 
     def reset(self) -> None:
-        """Forget every block no load is reading (/reset_prefix_cache)."""
+        """Forget every block no load is reading (/reset_prefix_cache); stores in flight will
+        not become hits, and the walk starts again from the head (manager.py `reset`)."""
+        for s in (*self.inflight, *self._reported, *([self._walked] if self._walked else [])):
+            s.abandoned = True
+        self.cursor = None
         for h in [b for b in self.blocks if b not in self.pins]:
             del self.blocks[h]
 

@@ -66,6 +66,9 @@ class Calibration(StrictModel):
     # effective CPU->GPU load rate per GPU, by connector kind (default: the connector's own
     # figure, agentx.offload: `Connector.load_gbps`)
     offload_load_gbps: dict[str, float] = {}
+    # GPU->CPU copy rate of the lazy store walk (SimConfig.offload_store_walk), by connector kind,
+    # measured (default: the host link's host_gbps)
+    offload_store_gbps: dict[str, float] = {}
     # what each connector adds to an engine step, by connector kind (default: the connector's
     # own, agentx.offload: `Connector.step_cost`); written by bench/connector_steps.py --write
     offload_step_cost: dict[str, StepCost] = {}

@@ -99,6 +99,11 @@ class Scheduler:
             break  # the request itself was preempted
         if not preempted:
             self._admit(batch, budget, now)
+        offload = self.offload
+        if offload is not None and offload.walk_target:
+            offload.walk(self.pool)  # build_connector_meta, at the end of the schedule
+            offload.release_completed(self.pool)  # the previous step's output (async scheduling)
+        batch.preempted = preempted
         self._count_waiting()
         self.stats.num_running = len(running)
         return batch
@@ -224,6 +229,27 @@ class Scheduler:
         self._link_free = req.load_until  # one host->GPU copy stream: loads queue behind each other
         self.stats.on_host_load(host * bs, host * bs * self.timing.kv_tok * self.timing.tp, secs, host)
         return True
+
+    def _step_seconds(self, batch: Batch, start: float, scale: float | None = None) -> float:
+        """The step's modelled duration on the engine clock (divided by `scale`, by default
+        `time_scale`), a preemption's wait for the lazy stores in flight included
+        (`OffloadTier.flush_wait`)."""
+        dt = self.timing.step_seconds(batch) / (scale or self.scale)
+        if batch.preempted and self.offload is not None and self.offload.walk_target:
+            dt += self.offload.flush_wait(start)
+        return dt
+
+    def _step_ended(self, end: float, scale: float | None = None) -> None:
+        """Launch this step's lazy store and collect the copies done by `end`."""
+        if self.offload is not None and self.offload.walk_target:
+            self.offload.launch(end, scale or self.scale)
+
+    def _transfer_ends(self) -> list[float]:
+        """When the host->GPU loads and the lazy stores in flight finish (engine clock)."""
+        ends = [r.load_until for r in self.loading]
+        if self.offload is not None and self.offload.inflight:
+            ends.append(self.offload.inflight[0].done)
+        return ends
 
     def _finish_loads(self, now: float) -> None:
         still = []

@@ -37,6 +37,7 @@ class Batch:
     flops: float = 0.0  # filled by StepTiming: per-GPU estimates for vllm:estimated_*_per_gpu
     read_bytes: float = 0.0
     write_bytes: float = 0.0
+    preempted: bool = False  # the schedule preempted a request (vLLM `preempted_req_ids`)
 
     @property
     def empty(self) -> bool:
@@ -112,6 +113,9 @@ class StepTiming:
         # host->GPU loads of offloaded KV: the connector's effective rate, capped by the PCIe link
         rate = cal.load_gbps(offload) or hw.host_gbps
         self.host_bw = min(rate, hw.host_gbps) * 1e9
+        # GPU->host stores (the lazy walk's copies): the measured copy rate where the profile has
+        # one, else the link's
+        self.store_bw = min(cal.offload_store_gbps.get(offload) or hw.host_gbps, hw.host_gbps) * 1e9
         # the connector's own per-step cost (measured: offload.base.StepCost); stalls are spread
         # evenly (every 1/stall_fraction-th step) so that a run is reproducible
         cost = cal.step_cost(offload)
@@ -164,3 +168,7 @@ class StepTiming:
         """Host->GPU copy of `tokens` tokens of KV: each rank loads its share in parallel; the
         engine serialises loads on the link (one copy stream per GPU)."""
         return tokens * self.kv_tok / self.host_bw
+
+    def store_seconds(self, tokens: int) -> float:
+        """GPU->host copy of `tokens` tokens of KV on the store stream (each rank its share)."""
+        return tokens * self.kv_tok / self.store_bw

@@ -1,0 +1,117 @@
+"""SimpleCPUOffload's lazy store as vLLM 0.24.0 does it (sim/offload.py `OffloadTier.walk`,
+`--offload-store-walk`): each step a walk over the GPU free queue takes the not-yet-stored blocks
+out of the queue until their copy to the CPU completes, then frees them to the queue's tail; the
+copied hashes become tier hits only then. The held blocks are not free, so a request that would
+have grown into them is preempted."""
+from __future__ import annotations
+
+from agentx.sim.build import build_engine
+from agentx.sim.config import SimConfig
+from agentx.sim.engine import SimEngine
+from agentx.sim.kvcache import BlockPool
+from agentx.sim.offload import OffloadTier, lazy_target_blocks
+from agentx.sim.request import SimRequest
+
+BS = 16
+
+
+def test_walk_holds_blocks_until_their_copy_completes_then_frees_them_to_the_tail():
+    """10 cached free blocks (queue 9..0), a walk of 4 per step, each copy 1 s per 4 blocks on
+    one stream: free blocks drop by what each walk touched while copies are in flight, nothing is
+    a tier hit before its copy ends, and a completed store comes back at the tail in walk order
+    after the next schedule's walk (asynchronous scheduling)."""
+    pool = BlockPool(10, BS)
+    hashes = list(range(100, 110))
+    blocks = pool.allocate(10)
+    for b, h in zip(blocks, hashes):
+        pool.commit(b, h)
+    pool.release(blocks)  # tail first: the queue is 9, 8, ..., 0
+    tier = OffloadTier(100, BS, eager=False, walk_target=4, store_seconds=lambda tokens: tokens / 64)
+    assert pool.free_blocks() == [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]
+
+    tier.walk(pool)  # step 1
+    assert pool.num_free == 6 and pool.free_blocks() == [5, 4, 3, 2, 1, 0]
+    tier.launch(end=0.0)  # copy of 4 blocks: 0.0 .. 1.0
+    assert tier.match(hashes[::-1], 10) == 0
+    tier.walk(pool)  # step 2: the cursor (block 6) is held, so the walk restarts at the head
+    tier.release_completed(pool)
+    assert pool.num_free == 2
+    tier.launch(end=0.5)  # queued behind the first: 1.0 .. 2.0
+    tier.walk(pool)  # step 3
+    tier.release_completed(pool)
+    assert pool.num_free == 0 and tier.held_blocks == 10
+    tier.launch(end=1.0)  # the first copy is done by now: reported, not freed yet
+    assert pool.num_free == 0 and tier.match([109, 108, 107, 106], 4) == 0
+    tier.walk(pool)  # step 4: nothing free to walk
+    tier.release_completed(pool)  # step 3's output: the first store completes
+    assert pool.free_blocks() == [9, 8, 7, 6]
+    assert tier.match([109, 108, 107, 106, 105], 5) == 4 and tier.stored_blocks == 4
+    tier.walk(pool)  # the stored blocks are covered, not touched again
+    assert pool.num_free == 4 and tier.held_blocks == 6
+
+
+def test_walk_continues_from_its_cursor_and_skips_stored_and_unhashed_blocks():
+    """The walk covers `walk_target` free blocks per step whether it copies them or not, and the
+    next step goes on after the last block covered while that block is still free."""
+    pool = BlockPool(12, BS)
+    blocks = pool.allocate(12)
+    for b in blocks[:6]:
+        pool.commit(b, 1000 + b)
+    pool.release(blocks)  # unhashed 6..11 to the front, then hashed 5..0
+    tier = OffloadTier(100, BS, eager=False, walk_target=4, store_seconds=lambda tokens: 1.0)
+    tier.walk(pool)  # covers 4 unhashed blocks: nothing to copy
+    assert pool.num_free == 12 and tier.held_blocks == 0
+    tier.walk(pool)  # 2 more unhashed, then blocks 5 and 4
+    assert tier.held_blocks == 2 and pool.num_free == 10
+    assert pool.ref[5] == 1 and pool.ref[4] == 1
+
+
+def _engine(walk: bool, copy_s: float) -> SimEngine:
+    cfg = SimConfig(profile="cpu-tiny", kv_pool_tokens=64 * BS, block_size=BS)
+    b = build_engine(cfg)
+    tier = OffloadTier(1000, BS, eager=False, walk_target=lazy_target_blocks(8192, BS) if walk else 0,
+                       store_seconds=lambda tokens: copy_s)
+    eng = SimEngine(num_blocks=64, block_size=BS, max_num_seqs=8, max_batched_tokens=8192,
+                    timing=b.timing, stats=b.stats, offload=tier)
+    eng.use_virtual_clock()
+    return eng
+
+
+def _serve(eng: SimEngine) -> tuple[SimRequest, SimRequest]:
+    """A: 40 cached blocks, done after one token; B: 8 blocks growing to 27 by decoding. Both fit
+    the 64-block pool, B's growth only if A's freed blocks can be reused."""
+    a = SimRequest(rid="a", prompt_len=40 * BS, max_tokens=1, block_hashes=list(range(1, 41)))
+    b = SimRequest(rid="b", prompt_len=8 * BS, max_tokens=300, block_hashes=list(range(101, 109)))
+    eng.submit(a)
+    eng.submit(b)
+    for _ in range(10_000):
+        if not eng.step_offline():
+            break
+    return a, b
+
+
+def test_blocks_held_by_slow_stores_preempt_a_growing_request():
+    """With the walk and a 10 s copy, A's 40 freed blocks are held while B decodes: B cannot grow
+    into them, is preempted, and finishes after the copy; without the walk (store on eviction)
+    or with a fast copy nobody is preempted. A's blocks end up in the tier either way they are
+    copied."""
+    a, b = _serve(eng := _engine(walk=True, copy_s=10.0))
+    assert a.finish == b.finish == "length"
+    assert b.preemptions >= 1 and eng.stats.num_preemptions == b.preemptions
+    assert eng.offload.match(list(range(1, 41)), 40) == 40
+    assert b.last_token_ns > 10e9  # waited for the copy
+    for walk, copy_s in ((False, 10.0), (True, 1e-4)):
+        a, b = _serve(eng := _engine(walk=walk, copy_s=copy_s))
+        assert b.finish == "length" and b.preemptions == 0
+
+
+def test_switch_wires_the_target_and_the_measured_store_rate():
+    """--offload-store-walk: the walk covers 2 x ceil(max_num_batched_tokens / block_size)
+    blocks (vLLM 0.24 `_estimate_lazy_target_blocks`) and copies at the profile's measured store
+    rate; off (the default) it is the store on eviction."""
+    cfg = SimConfig(profile="h200-qwen3-8b-bf16", kv_offload="simple-cpu", offload_gb=8)
+    assert build_engine(cfg).engine.offload.walk_target == 0
+    b = build_engine(cfg.model_copy(update={"offload_store_walk": True}))
+    assert b.engine.offload.walk_target == 2 * -(-b.res.max_num_batched_tokens // b.res.block_size)
+    gbps = b.res.profile.calibration.offload_store_gbps["simple-cpu"]
+    assert b.timing.store_seconds(1000) == 1000 * b.timing.kv_tok / (gbps * 1e9)

@@ -86,7 +86,8 @@ def step(recipe: Recipe, path: Path, cell: Cell, servers: PointServers, cfg: Swe
          console: Console) -> None:
     """Run one cell (or, with --resume, take its finished result after checking it ran this
     sweep's config), then read its verdict and goodput back."""
-    if cfg.resume and finished(cell.dir):
+    resumed = cfg.resume and finished(cell.dir)
+    if resumed:
         check_resumed(recipe, cell, cfg, path.parent)
         cell.status = "skipped"
     else:
@@ -96,23 +97,19 @@ def step(recipe: Recipe, path: Path, cell: Cell, servers: PointServers, cfg: Swe
         if cell.error:
             console.print(f"  [red]{cell.label} c{cell.conc} failed:[/red] "
                           f"{cell.error.splitlines()[0]}")
-        elif cell.verdict not in (None, "pass"):
-            console.print(f"  [yellow]{cell.label} c{cell.conc}: verdict "
-                          f"{cell.verdict}[/yellow]{_first_reason(cell.dir)} (kept off the "
-                          "Pareto frontier)", highlight=False)
-    if (cell.dir / SUMMARY).exists():
-        summary = load_summary(cell.dir)
-        cell.verdict = (summary.get("validation") or {}).get("verdict")
-        cell.goodput = ((summary.get("goodput") or {}).get("met") or {}).get("all")
-
-
-def _first_reason(cell_dir: Path) -> str:
-    """`: <the validation's first reason>` of a cell's summary ('' without one): a cell kept
-    off the frontier says why on the line that says so (machine load, errors, a thin run)."""
-    if not (cell_dir / SUMMARY).exists():
-        return ""
-    reasons = (load_summary(cell_dir).get("validation") or {}).get("reasons") or []
-    return f": {reasons[0]}" if reasons else ""
+    if not (cell.dir / SUMMARY).exists():
+        return
+    summary = load_summary(cell.dir)
+    validation = summary.get("validation") or {}
+    cell.verdict = validation.get("verdict")
+    cell.goodput = ((summary.get("goodput") or {}).get("met") or {}).get("all")
+    if not resumed and not cell.error and cell.verdict not in (None, "pass"):
+        # a cell kept off the frontier says why: the validation's first reason (machine
+        # load, errors, a thin run)
+        reasons = validation.get("reasons") or []
+        console.print(f"  [yellow]{cell.label} c{cell.conc}: verdict {cell.verdict}[/yellow]"
+                      + (f": {reasons[0]}" if reasons else "") + " (kept off the Pareto frontier)",
+                      highlight=False)
 
 
 def sweep(recipe: Recipe, path: Path, cfg: SweepConfig) -> list[Cell]:

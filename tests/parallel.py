@@ -1,7 +1,7 @@
 """The suite on several workers (`pytest -n auto`, pytest-xdist) without disturbing timing.
 
 Most tests wait on the clock (simulated runs in real time, server start-ups, process kills), so
-the suite runs on one worker more than the machine has cores. Three rules keep that honest:
+the suite runs on two workers more than the machine has cores. These rules keep that honest:
 
 - tests marked `alone` measure timing that only an idle machine keeps (the client's own
   delay, TTFT agreement with the server, an SLO search against a TTFT bound): each runs
@@ -19,6 +19,12 @@ the suite runs on one worker more than the machine has cores. Three rules keep t
   test stays a unit of its own, run last: inside a unit it would start early and wait for the
   vllm worker's current test while every other worker idles. Workers know the fixtures, the
   scheduler only node ids: the workers write each test's unit to a file the scheduler reads.
+- a test that fails beside other tests runs once more, alone (the exclusive lock), and that run
+  is its result: on 2 cores with 4 workers and servers starting beside it, a test that waits on
+  the clock can miss by the other tests' load (CI saw one such failure in about every other
+  run of the suite, each time in another test, each passing alone). A test that fails alone
+  fails; an `alone` test, already alone, is never run again. The end of the run lists every test
+  that passed only alone, with its first failure, so a load-sensitive test stays visible.
 
 Without `-n` nothing here does anything: the suite runs in order in one process.
 """
@@ -174,15 +180,62 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return VllmGroupScheduling(config, log)
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+RERUN_ALONE = "failed beside other tests"  # the user property a rerun's reports carry
+_RERUNS: list[tuple[str, str, str]] = []  # on the controller: (nodeid, first failure, outcome)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """On an xdist worker: the test under the shared (or, `alone`, the exclusive) lock; a test
+    that failed under the shared lock runs again under the exclusive one, and only that run's
+    reports are logged (pytest's own protocol, as pytest-rerunfailures drives it)."""
     if not _LOCK:
-        return (yield)
+        return None  # pytest's protocol
+    from _pytest.runner import runtestprotocol
+
     if item.get_closest_marker("vllm") is not None and not _VENV_WAITED:
         _VENV_WAITED.append(True)
         _wait_for_vllm_venv()
-    with _LOCK[0].hold(alone=item.get_closest_marker("alone") is not None):
-        return (yield)
+    alone = item.get_closest_marker("alone") is not None
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    with _LOCK[0].hold(alone=alone):
+        reports = runtestprotocol(item, nextitem=nextitem, log=False)
+    failed = [r for r in reports if r.failed]
+    if failed and not alone and not item.session.shouldstop:
+        item.user_properties.append((RERUN_ALONE, _first_line(failed[0])))
+        with _LOCK[0].hold(alone=True):
+            reports = runtestprotocol(item, nextitem=nextitem, log=False)
+    for report in reports:
+        item.ihook.pytest_runtest_logreport(report=report)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+
+
+def _first_line(report: pytest.TestReport) -> str:
+    """The failure's own message (`assert ...`), or the last line of its traceback."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else report.longreprtext
+    lines = [line for line in str(text).splitlines() if line.strip()]
+    return f"{report.when}: {lines[0] if lines else '?'}"[:300]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """On the controller: remember a test that ran again alone, and how that run ended."""
+    first = dict(report.user_properties).get(RERUN_ALONE)
+    if first is None or (report.when != "call" and not report.failed):
+        return  # the call's outcome, or a failed set-up or tear-down, says how it ended
+    _RERUNS[:] = [r for r in _RERUNS if r[0] != report.nodeid]
+    _RERUNS.append((report.nodeid, first, report.outcome))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """List the tests that failed beside other tests and ran again alone."""
+    if getattr(terminalreporter.config, "workerinput", None) is not None or not _RERUNS:
+        return
+    terminalreporter.section("run again alone (failed beside other tests: tests/parallel.py)")
+    for nodeid, first, outcome in _RERUNS:
+        terminalreporter.line(f"{outcome} alone: {nodeid}")
+        terminalreporter.line(f"    beside others: {first}")
 
 
 def _wait_for_vllm_venv() -> None:

@@ -63,3 +63,74 @@ def test_a_module_fixtures_tests_are_one_unit_and_the_vllm_files_another():
     assert unit_of("tests/test_wheel.py::test_a", units) == unit_of("tests/test_wheel.py::test_b", units)
     assert unit_of("tests/test_ab.py::test_c", units) == "tests/test_ab.py::test_c"
     assert unit_of("tests/test_vllm_smoke.py::test_d", units) == unit_of("tests/test_vllm_replay.py::test_e", {})
+
+
+INNER = '''
+import time
+from pathlib import Path
+
+import pytest
+
+OUT = Path(__file__).parent
+
+
+def _stamp(name: str) -> None:
+    with open(OUT / "log.txt", "a") as f:
+        f.write(f"{name} {time.time()}\\n")
+
+
+def test_busy_beside():
+    _stamp("busy-start")
+    time.sleep(2.0)
+    _stamp("busy-end")
+
+
+def test_fails_once_beside_others():
+    _stamp("flaky")
+    if not (OUT / "flaky.once").exists():
+        (OUT / "flaky.once").write_text("")
+        time.sleep(0.3)  # the busy test is running: this run is beside it
+        assert 1 == 2, "late by the others' load"
+
+
+def test_always_fails():
+    _stamp("broken")
+    assert False, "a real bug"
+
+
+@pytest.mark.alone
+def test_alone_fails_once():
+    _stamp("alone")
+    assert False, "already alone"
+'''
+
+
+def test_a_test_that_fails_beside_others_runs_again_alone(tmp_path):
+    """An inner suite on 2 workers: a test that fails once while another runs is run again
+    alone (after the other ended) and passes; one that fails every time fails and is listed
+    as failed alone too; an `alone` test runs once. The end of the run names both reruns."""
+    import subprocess
+    import sys
+
+    (tmp_path / "conftest.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "pytest_plugins = ['parallel']\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    alone: x\n    vllm: x\n")
+    (tmp_path / "test_inner.py").write_text(INNER)
+    out = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider",
+                          "-q", "test_inner.py"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text
+    assert "2 failed, 2 passed" in text, text
+    log = [line.split() for line in (tmp_path / "log.txt").read_text().splitlines()]
+    when = {}
+    for name, t in log:
+        when.setdefault(name, []).append(float(t))
+    assert len(when["flaky"]) == 2 and len(when["broken"]) == 2 and len(when["alone"]) == 1
+    assert when["flaky"][1] >= when["busy-end"][0]  # the rerun waited for the busy test
+    summary = text.split("run again alone", 1)[1].split("short test summary", 1)[0]
+    assert "passed alone: test_inner.py::test_fails_once_beside_others" in summary, text
+    assert "beside others: call: AssertionError: late by the others' load" in summary, text
+    assert "failed alone: test_inner.py::test_always_fails" in summary, text
+    assert "test_alone_fails_once" not in summary

@@ -63,7 +63,9 @@ def test_ray_actors_run_the_lanes_and_records_are_gathered(tmp_path, ray_local):
     firsts = {}
     for r in recs:
         firsts[r["lane"] % 2] = min(firsts.get(r["lane"] % 2, r["start_ns"]), r["start_ns"])
-    assert abs(firsts[0] - firsts[1]) < 0.1e9  # one gate (RayPool._open_gate), 0.5 s ahead
+    # one gate (RayPool._open_gate), 0.5 s ahead; an actor's process woke 115 ms late once on
+    # the loaded CI machine (4 test workers on 2 cores beside Ray's own processes)
+    assert abs(firsts[0] - firsts[1]) < 0.25e9
     assert (tmp_path / "out" / "summary.json").exists()
 
 

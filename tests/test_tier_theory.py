@@ -179,12 +179,18 @@ def test_on_the_cliff_the_band_is_wide_and_validation_accepts(tmp_path):
     """A configuration on the cliff (12 lanes of prompts at 2% of the trace's, a 23k-token
     pool, a 33k-token eager tier: the working set a little larger than the tier): two runs of
     it achieved 4.6% and 1.2% against a theory of 19.1% and 0.0%. The band spans more than the
-    tolerance and validation judges the achieved rate by it."""
+    tolerance and validation judges the achieved rate by it, with its tolerance (10 points):
+    on the loaded CI machine one run achieved 2.1% against a theory of 14.7% and a band from
+    9.8%, inside the tolerance but not inside 5 points (test_theory_follows_the_simulator
+    holds the 5 points off the cliff)."""
     s = _simulated(tmp_path, {"kind": "simple-cpu", "store": "eager", "block": 16, "lanes": 12,
                               "scale": 0.02, "think": 2.0, "time_scale": 10, "seed": 807,
                               "duration": 6,
                               "pool": 23_271, "tier": 33_200})
     band = s["cache"]["theory_band"]["pool"]
     assert band[1] - band[0] > 0.10, band
-    assert band[0] - 0.05 <= s["cache"]["achieved_hit_rate"] <= band[1] + 0.05
+    check = {x["name"]: x for x in s["validation"]["checks"]}["prefix_hit_rate"]
+    assert check["expected"]["band"] == band and check["expected"]["tolerance"] == 0.10
+    tol = check["expected"]["tolerance"]
+    assert band[0] - tol <= s["cache"]["achieved_hit_rate"] <= band[1] + tol
     _hit_checks_pass(s)

@@ -212,7 +212,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def _first_line(report: pytest.TestReport) -> str:
-    """The failure's own message (`assert ...`), or the last line of its traceback."""
+    """The failure's own message (`assert ...`), or else the first line of its report."""
     crash = getattr(report.longrepr, "reprcrash", None)
     text = crash.message if crash is not None else report.longreprtext
     lines = [line for line in str(text).splitlines() if line.strip()]

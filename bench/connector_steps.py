@@ -45,7 +45,6 @@ Run: .venv/bin/python bench/connector_steps.py [--write] [--shift 0|1]
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import re
 import statistics
@@ -56,6 +55,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # sim_calibration/: not installed
+from sim_calibration.steps import load_steps, paired  # noqa: E402
+
 DATA = ROOT / "tests" / "data" / "h200-runs-5"
 RUNS = {"cap": "none", "ab0-a": "simple-cpu", "ab-a": "simple-cpu", "ab-b": "mooncake",
         "o32": "simple-cpu"}
@@ -64,11 +66,6 @@ BASELINE = "cap"
 # more requests and prefill tokens than any of the baseline's (printed), where the baseline's model
 # extrapolates: shown, not fitted
 FIT_RUNS = ("ab0-a", "ab-a", "ab-b")
-
-
-def load(name: str) -> list[dict]:
-    with gzip.open(DATA / "steps" / f"{name}.jsonl.gz", "rt") as f:
-        return [json.loads(line) for line in f]
 
 
 def features(s: dict) -> list[float]:
@@ -81,9 +78,8 @@ def features(s: dict) -> list[float]:
 
 def aligned(steps: list[dict], shift: int) -> tuple[np.ndarray, np.ndarray, list[dict]]:
     """Batch i's features with call i+shift's time (the batch queue's pairing)."""
-    batches = steps[:len(steps) - shift] if shift else steps
-    times = np.array([s["dt"] * 1e3 for s in steps[shift:]])
-    return np.array([features(s) for s in batches]), times, batches
+    batches, times = paired(steps, shift)
+    return np.array([features(s) for s in batches]), np.array(times), batches
 
 
 def moved(s: dict) -> tuple[float, float]:
@@ -99,7 +95,7 @@ def copy_rate() -> float:
 
 
 def fit(shift: int) -> dict:
-    runs = {name: load(name) for name in RUNS}  # each file read once
+    runs = {name: load_steps(DATA.parent, name) for name in RUNS}  # each file read once
     X, y, _ = aligned(runs[BASELINE], shift)
     coef = np.linalg.lstsq(X, y, rcond=None)[0]
     pred = X @ coef

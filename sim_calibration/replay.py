@@ -37,7 +37,7 @@ def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
                                                 "fixed_itl_ms": None}))
     eng, bs = built.engine, built.res.block_size
     if calib:
-        eng.timing = _timing(built, calib)
+        eng.timing = timing_with(built, calib)
         cal = built.res.profile.calibration.model_copy(update=calib)
     else:
         cal = built.res.profile.calibration
@@ -104,7 +104,7 @@ def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
     return out
 
 
-def _timing(built, calib: dict) -> StepTiming:
+def timing_with(built, calib: dict) -> StepTiming:
     """The step timing of `built` with some calibration constants replaced."""
     prof = built.res.profile
     prof = prof.model_copy(update={"calibration": prof.calibration.model_copy(update=calib)})
@@ -143,35 +143,15 @@ def replay_figures(cfg: SimConfig, records: list[dict], calib: dict | None = Non
     return figures([m for r, m in zip(ok, rows) if not r.get("warmup")])
 
 
-def fit_decode(cfg: SimConfig, records: list[dict], anchor: tuple[int, int, float],
-               lo: float = 0.3, hi: float = 1.0) -> dict:
-    """{attn_mbu, per_seq_overhead_us}: the KV-read efficiency at which the replayed TPOT p50
-    equals the measured one, with the per-sequence overhead re-derived so that the steady
-    decode step of `anchor` = (streams, context, TPOT ms) stays exact. The 2k-context anchors
-    alone cannot separate the two (KV reads and per-sequence work both grow with the batch);
-    the long contexts of a real run can. Bisection, clipped to [lo, hi] (hi: all of HBM)."""
-    built = build_engine(cfg.model_copy(update={"spec_k": 0}))
-    target = figures(measured(records))["tpot_p50"]
-
-    def constants(mbu: float) -> dict:
-        t = _timing(built, {"attn_mbu": mbu, "per_seq_overhead_us": 0.0})
-        b = t.new_batch()
-        for _ in range(anchor[0]):
-            b.add_decode(None, anchor[1], 1)
-        per_seq = (anchor[2] / 1e3 - t.step_seconds(b)) / anchor[0]
-        return {"attn_mbu": mbu, "per_seq_overhead_us": per_seq * 1e6}
-
-    def tpot(mbu: float) -> float:
-        return replay_figures(cfg, records, constants(mbu))["tpot_p50"]
-
-    if tpot(hi) >= target:
-        return constants(hi)
-    if tpot(lo) <= target:
-        return constants(lo)
-    for _ in range(12):  # TPOT falls as the KV reads get faster
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if tpot(mid) > target else (lo, mid)
-    return constants((lo + hi) / 2)
+def per_seq_for_anchor(cfg: SimConfig, attn_mbu: float, anchor: tuple[int, int, float]) -> float:
+    """The per-sequence overhead (us) at which the steady decode step of `anchor` = (streams,
+    context, TPOT ms) is exact, given the KV-read efficiency `attn_mbu`."""
+    t = timing_with(build_engine(cfg.model_copy(update={"spec_k": 0})),
+                {"attn_mbu": attn_mbu, "per_seq_overhead_us": 0.0})
+    b = t.new_batch()
+    for _ in range(anchor[0]):
+        b.add_decode(None, anchor[1], 1)
+    return (anchor[2] / 1e3 - t.step_seconds(b)) / anchor[0] * 1e6
 
 
 def h200_runs(data: Path) -> list[tuple[str, SimConfig, list[dict], dict]]:

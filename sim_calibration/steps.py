@@ -1,0 +1,26 @@
+"""Real vLLM 0.24 engine steps on one H200 (tests/data/h200-runs-5/steps/, one gzipped JSON line
+per engine call, written inside the server by bench/stepprobe/sitecustomize.py): the call's time
+`dt` (s) and the batch it scheduled (`tokens`, `reqs`, `decode` requests, `ctx`: the context they
+had computed, ...; h200-runs-5/README.md). Read by bench/connector_steps.py (what a connector adds
+to a step) and sim_calibration.fit (the KV-read efficiency)."""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+STEPS = Path("h200-runs-5") / "steps"  # under the data folder (realruns.DATA)
+
+
+def load_steps(data: Path, name: str) -> list[dict]:
+    """Run `name`'s engine calls, in order."""
+    with gzip.open(data / STEPS / f"{name}.jsonl.gz", "rt") as f:
+        return [json.loads(line) for line in f]
+
+
+def paired(steps: list[dict], shift: int = 1) -> tuple[list[dict], list[float]]:
+    """Each batch with the time (ms) of the call `shift` later. vLLM 0.24 runs a batch queue of 2
+    (asynchronous scheduling): engine call i+1 is spent finishing the batch call i scheduled, so
+    shift 1 pairs a batch with its own compute (the better fit: bench/connector_steps.py)."""
+    batches = steps[:len(steps) - shift] if shift else steps
+    return batches, [s["dt"] * 1e3 for s in steps[shift:]]

@@ -83,20 +83,11 @@ class BlockPool:
         prv[q] = p
         self._nfree -= 1
 
-    def _append(self, b: int) -> None:
-        nxt, prv, t = self.nxt, self.prv, self.tail
-        p = prv[t]
+    def _link(self, b: int, p: int, q: int) -> None:
+        """Put `b` into the free queue between neighbours `p` and `q`."""
+        nxt, prv = self.nxt, self.prv
         nxt[p] = b
         prv[b] = p
-        nxt[b] = t
-        prv[t] = b
-        self._nfree += 1
-
-    def _prepend(self, b: int) -> None:
-        nxt, prv, h = self.nxt, self.prv, self.head
-        q = nxt[h]
-        nxt[h] = b
-        prv[b] = h
         nxt[b] = q
         prv[q] = b
         self._nfree += 1
@@ -160,14 +151,15 @@ class BlockPool:
         finished store's in its own order: `tail_first=False`); blocks without a hash go to the
         queue's front instead and are reused first (vLLM 0.24/0.32 `BlockPool.free_blocks`), so
         they never displace cached content."""
-        ref, bhash = self.ref, self.bhash
+        ref, bhash, nxt, prv, link = self.ref, self.bhash, self.nxt, self.prv, self._link
+        head, tail = self.head, self.tail
         for b in (reversed(blocks) if tail_first else blocks):
             ref[b] -= 1
             if ref[b] == 0:
                 if bhash[b] is None:
-                    self._prepend(b)
+                    link(b, head, nxt[head])  # the front
                 else:
-                    self._append(b)
+                    link(b, prv[tail], tail)  # the back
 
     def reset(self) -> None:
         """Forget every cached block that is not in use (vLLM's /reset_prefix_cache)."""

@@ -61,9 +61,12 @@ def _files(folder: Path, prefix: str = "") -> tuple[Path, Path]:
 
 
 def runs(data: Path) -> list[RealRun]:
-    """Every run under data/h200-runs, h200-runs-2 and h200-runs-3 (READMEs there give the
-    flags); offb-r1 and offb-r2 repeat offb on the same server: one group."""
+    """Every run under data/h200-runs, h200-runs-2, -3, -5 and -6 (READMEs there give the
+    flags); offb-r1, offb-r2 (h200-runs-3), o32 (h200-runs-5), offbp and offbp2 (h200-runs-6)
+    repeat offb's configuration on the same server: one group. cap32 is that pool without a
+    connector."""
     a, b, c = data / "h200-runs", data / "h200-runs-2", data / "h200-runs-3"
+    e, f = data / "h200-runs-5", data / "h200-runs-6"
     out = [RealRun("base", *_files(a / "base"), {}, False),
            RealRun("spec", *_files(a / "spec"), {"spec_k": 3, "synthetic_al": 2.78}, False),
            RealRun("offA", *_files(a / "offA"), {}, True),
@@ -71,7 +74,11 @@ def runs(data: Path) -> list[RealRun]:
            RealRun("spec32", *_files(b, "spec32-"), {"spec_k": 3, "synthetic_al": 2.5}, False),
            RealRun("offb", *_files(b, "offb-"), _OFFLOAD, True),
            *(RealRun(f"offb-{r}", *_files(c, f"offb-{r}-"), _OFFLOAD, True, group="offb")
-             for r in ("r1", "r2"))]
+             for r in ("r1", "r2")),
+           RealRun("o32", *_files(e, "o32-"), _OFFLOAD, True, group="offb"),
+           *(RealRun(r, *_files(f, f"{r}-"), _OFFLOAD, True, group="offb")
+             for r in ("offbp", "offbp2")),
+           RealRun("cap32", *_files(f, "cap32-"), {}, True)]
     return [r for r in out if r.requests.exists()]
 
 

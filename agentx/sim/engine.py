@@ -137,10 +137,13 @@ class SimEngine(Scheduler):
             self._step_ended(now, 1.0)
             if self.offload is not None and self.offload.completed:
                 return True  # the next schedule frees their blocks
+            if batch.preempted:
+                return True  # it preempted every request (freed after it): the next admits them
             ends = self._transfer_ends()
             if not ends:
                 return False
-            self.virtual_ns = int(min(ends) * 1e9) + 1
+            # a load already seen finished waits only for the next schedule (the engine idles)
+            self.virtual_ns = max(self.virtual_ns, int(min(ends) * 1e9)) + 1
             self._finish_loads(self.virtual_ns / 1e9)
             self._step_ended(self.virtual_ns / 1e9, 1.0)
             return True

@@ -69,6 +69,10 @@ class Calibration(StrictModel):
     # GPU->CPU copy rate of the lazy store walk (SimConfig.offload_store_walk), by connector kind,
     # measured (default: the host link's host_gbps)
     offload_store_gbps: dict[str, float] = {}
+    # CPU->GPU copy rate of a load when loads are paced by the engine's steps, as vLLM's
+    # SimpleCPUOffload worker runs them (SimConfig.offload_store_walk: see sim/sched.py), by
+    # connector kind, measured (default: the effective offload_load_gbps)
+    offload_load_copy_gbps: dict[str, float] = {}
     # what each connector adds to an engine step, by connector kind (default: the connector's
     # own, agentx.offload: `Connector.step_cost`); written by bench/connector_steps.py --write
     offload_step_cost: dict[str, StepCost] = {}

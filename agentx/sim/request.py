@@ -35,6 +35,8 @@ class SimRequest:
     cached_host: int = 0
     created_cache: int = 0  # prompt tokens of newly cached full blocks
     load_until: float = 0.0  # sim time at which a host->GPU load finishes
+    load_seq: int = 0  # schedule that started it (loads paced by steps: sim/sched.py)
+    load_seen: int = -1  # schedule before which a step's poll saw it finished (-1: not yet)
     tier_pin: list[int] = field(default_factory=list)  # offload-tier hits pinned for its load
     preemptions: int = 0
     counted: bool = False  # prefix-cache stats recorded (first lookup only)

@@ -5,6 +5,23 @@ sim/engine.py runs the steps.
 - Running requests first (decode, or the next chunk of a chunked prefill) under the step's
   token budget; when the pool has no free block the newest running request is preempted
   (recompute: its blocks are freed, it goes back to the front of the waiting queue).
+- With a KV connector the blocks of a preempted request return to the pool only once the step in
+  flight has run (vLLM 0.24/0.32 `Scheduler.defer_block_free`: a consumer connector, `kv_both`
+  included, with asynchronous scheduling; `_free_request_blocks` queues them in `deferred_frees`,
+  drained when that step's output is processed, after the next schedule). Preempting frees no
+  block for the rest of the schedule, so one request that cannot grow preempts every running
+  request behind it, itself included: the bursts of 6-13 preemptions in one step measured on the
+  H200 (tests/data/h200-runs-6), where the same pool without a connector preempted none.
+- With vLLM's SimpleCPUOffload as it runs (`offload_store_walk`) loads are paced by the steps
+  (vLLM 0.24 `SimpleCPUOffloadWorker`: launched in `get_finished` after the forward of the step
+  that scheduled them, on their own stream at the measured copy rate, `offload_load_copy_gbps`;
+  finished when a later step's `get_finished` polls its event; that step's output is processed
+  after the next schedule): a load admitted in schedule k is schedulable at schedule k + 3 at the
+  earliest, later when the copy outlasts a step. Measured on the H200 (h200-runs-6): 3 steps
+  from the load's schedule to its completion in the most common case (49 and 43 of the 99 and 79
+  loads of two runs), with latencies set by the steps (~0.2-0.3 s), not by the 36 GB/s copies.
+  When the engine idles (the last schedule was empty: no step in flight) a finished load is
+  taken at once. Otherwise a load finishes at its effective rate (`offload_load_gbps`).
 - Waiting requests only if nothing was preempted, while fewer than `max_num_seqs` run; requests
   loading from the offload tier do not count (`schedule` checks `len(self.running)` only).
 - Requests whose host->GPU load finished hold blocks: they wait in their own queue, drained
@@ -59,6 +76,13 @@ class Scheduler:
         self.holding: deque[SimRequest] = deque()  # waiting with blocks: their load finished
         self.running: list[SimRequest] = []
         self.loading: list[SimRequest] = []
+        # blocks of requests preempted in this schedule, freed after it (`defer_block_free`)
+        self.defer_free = offload is not None
+        # loads paced by the steps (vLLM's SimpleCPUOffload worker), with its lazy store walk
+        self.paced_loads = offload is not None and offload.walk_target > 0
+        self.seq = 0  # schedules so far
+        self._idle = True  # the last schedule was empty: no step in flight
+        self._deferred: list[list[int]] = []
         self._link_free = 0.0
         # where request timestamps come from: the wall clock when serving, a virtual clock offline
         self.now_ns = time.perf_counter_ns
@@ -103,7 +127,12 @@ class Scheduler:
         if offload is not None and offload.walk_target:
             offload.walk(self.pool)  # build_connector_meta, at the end of the schedule
             offload.release_completed(self.pool)  # the previous step's output (async scheduling)
+        for blocks in self._deferred:  # the step in flight has run: `_drain_deferred_frees`
+            self.pool.release(blocks)
+        self._deferred.clear()
         batch.preempted = preempted
+        self.seq += 1
+        self._idle = batch.empty
         self._count_waiting()
         self.stats.num_running = len(running)
         return batch
@@ -224,7 +253,11 @@ class Scheduler:
             return True
         offload.load(req.tier_pin)
         req.state = LOADING
-        secs = self.timing.load_seconds(host * bs)
+        if self.paced_loads:
+            secs = self.timing.copy_seconds(host * bs)
+            req.load_seq, req.load_seen = self.seq, -1
+        else:
+            secs = self.timing.load_seconds(host * bs)
         req.load_until = max(now, self._link_free) + secs / self.scale
         self._link_free = req.load_until  # one host->GPU copy stream: loads queue behind each other
         self.stats.on_host_load(host * bs, host * bs * self.timing.kv_tok * self.timing.tp, secs, host)
@@ -256,7 +289,7 @@ class Scheduler:
         for req in self.loading:
             if req.aborted:
                 self._retire(req, None)
-            elif req.load_until <= now:
+            elif self._loaded(req, now):
                 dev = req.num_computed // self.bs
                 n_loaded = len(req.blocks) - dev
                 for i in range(dev, dev + n_loaded):
@@ -270,6 +303,19 @@ class Scheduler:
                 still.append(req)
         self.loading = still
 
+    def _loaded(self, req: SimRequest, now: float) -> bool:
+        """Whether `req`'s load is over for the scheduler before the next schedule: its copy
+        done by `now`, or, paced by the steps, seen by the poll of a step after the one that
+        launched it and that step's output processed (two schedules later), or at once when
+        the engine idles."""
+        if not self.paced_loads:
+            return req.load_until <= now
+        if req.load_seen < 0:
+            if req.load_until > now or self.seq <= req.load_seq:
+                return False
+            req.load_seen = self.seq
+        return self._idle or self.seq >= req.load_seen + 2
+
     def _grow(self, req: SimRequest, tokens: int) -> bool:
         need = -(-tokens // self.bs) - len(req.blocks)
         if need <= 0:
@@ -281,7 +327,10 @@ class Scheduler:
         return True
 
     def _preempt(self, req: SimRequest) -> None:
-        self.pool.release(req.blocks)
+        if self.defer_free:
+            self._deferred.append(req.blocks)
+        else:
+            self.pool.release(req.blocks)
         req.blocks = []
         req.num_computed = 0
         req.preemptions += 1

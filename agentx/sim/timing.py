@@ -116,6 +116,9 @@ class StepTiming:
         # GPU->host stores (the lazy walk's copies): the measured copy rate where the profile has
         # one, else the link's
         self.store_bw = min(cal.offload_store_gbps.get(offload) or hw.host_gbps, hw.host_gbps) * 1e9
+        # host->GPU copies of loads paced by the steps (the walk's mode): the measured copy rate
+        copy = cal.offload_load_copy_gbps.get(offload)
+        self.copy_bw = min(copy, hw.host_gbps) * 1e9 if copy else self.host_bw
         # the connector's own per-step cost (measured: offload.base.StepCost); stalls are spread
         # evenly (every 1/stall_fraction-th step) so that a run is reproducible
         cost = cal.step_cost(offload)
@@ -168,6 +171,11 @@ class StepTiming:
         """Host->GPU copy of `tokens` tokens of KV: each rank loads its share in parallel; the
         engine serialises loads on the link (one copy stream per GPU)."""
         return tokens * self.kv_tok / self.host_bw
+
+    def copy_seconds(self, tokens: int) -> float:
+        """Host->GPU copy of `tokens` tokens of KV at the measured copy rate (loads paced by the
+        engine's steps, sim/sched.py)."""
+        return tokens * self.kv_tok / self.copy_bw
 
     def store_seconds(self, tokens: int) -> float:
         """GPU->host copy of `tokens` tokens of KV on the store stream (each rank its share)."""

@@ -17,6 +17,14 @@ On vLLM 0.24.0 on the H200 (tests/data/h200-runs-5) no model-runner rows appeare
 there does not run this GPUModelRunner method), so the worker-side hooks went unrecorded: their
 cost is inside the engine steps' times, which is what bench/connector_steps.py compares.
 
+With the scheduler's state (what the simulator has to reproduce under a full pool), each step row
+also carries, after the schedule: the free GPU blocks (`free`), the running requests, those waiting
+for a connector's load (`remote`), the requests preempted (`preempted`) and, for SimpleCPUOffload,
+the GPU blocks held by stores and loads in flight (`store_held`, `load_held`), the loads pending and
+the free CPU blocks; the new and resumed request ids. Event rows (`ev`) mark each request's arrival
+(`add`), each preemption (with the tokens it had computed), each load the connector set up (its
+blocks) and saw finish (`loaded`), and each request freed (with its preemptions).
+
 Rows go to AGENTX_STEPLOG/steps-<pid>.jsonl, flushed every second by a daemon thread. Nothing here
 raises into vLLM: a probe that fails only stops probing. Without AGENTX_STEPLOG it does nothing.
 """
@@ -82,6 +90,10 @@ class _Log:
         self.lock = threading.Lock()
         self.flush_every(1.0)
 
+    def event(self, row: dict) -> None:
+        with self.lock:
+            self.rows.append({"t0": round(time.perf_counter(), 6), **row})
+
     def step(self, t0: float, t1: float, fn: str) -> None:
         with self.lock:
             row = {"t0": round(t0, 6), "dt": round(t1 - t0, 6), "fn": fn, "conn": self.connector,
@@ -132,6 +144,25 @@ def _timed(cls, name: str, record) -> None:
     setattr(cls, name, wrapper)
 
 
+def _before(cls, name: str, record) -> None:
+    """Replace cls.name by a wrapper that hands its arguments to record before it runs (the
+    state the call is about to change)."""
+    orig = cls.__dict__.get(name)
+    if orig is None or getattr(orig, "_agentx_probe", False):
+        return
+
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        try:
+            record(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - the probe never breaks the server
+            pass
+        return orig(*args, **kwargs)
+
+    wrapper._agentx_probe = True
+    setattr(cls, name, wrapper)
+
+
 def _batch(so, scheduler) -> dict:
     """What the scheduler scheduled this step (vLLM's SchedulerOutput), and the context the
     scheduled requests had computed before it (attention reads it)."""
@@ -143,6 +174,39 @@ def _batch(so, scheduler) -> dict:
             "new": len(new), "decode": sum(1 for n in per_req.values() if n == 1),
             "ctx": int(sum(ctx)), "ctx_max": int(max(ctx, default=0)),
             "waiting": len(getattr(scheduler, "waiting", ()) or ())}
+
+
+def _status(request) -> str:
+    return getattr(getattr(request, "status", None), "name", "")
+
+
+def _state(so, scheduler) -> dict:
+    """The scheduler's state after it built this step (vLLM 0.24 attribute names)."""
+    out: dict = {"running": len(getattr(scheduler, "running", ()) or ())}
+    pool = getattr(getattr(scheduler, "kv_cache_manager", None), "block_pool", None)
+    if pool is not None:
+        out["free"] = pool.get_num_free_blocks()
+    reqs = getattr(scheduler, "requests", {}) or {}
+    out["remote"] = sum(1 for r in reqs.values() if _status(r) == "WAITING_FOR_REMOTE_KVS")
+    out["preempted"] = len(getattr(so, "preempted_req_ids", None) or ())
+    out["new_ids"] = [r.req_id for r in getattr(so, "scheduled_new_reqs", []) or []]
+    cached = getattr(so, "scheduled_cached_reqs", None)
+    resumed = getattr(cached, "resumed_req_ids", None)
+    if resumed:
+        out["resumed_ids"] = sorted(resumed)
+    mgr = getattr(getattr(scheduler, "connector", None), "scheduler_manager", None)
+    if mgr is not None:
+        stores = getattr(mgr, "_store_event_to_blocks", {}) or {}
+        loads = getattr(mgr, "_reqs_to_load", {}) or {}
+        out["store_held"] = sum(len(t.gpu_block_ids) for t in stores.values())
+        out["stores"] = len(stores)
+        out["load_held"] = sum(len(s.transfer_meta.gpu_block_ids) for s in loads.values()
+                               if s.transfer_meta is not None)
+        out["loads"] = len(loads)
+        cpu = getattr(mgr, "cpu_block_pool", None)
+        if cpu is not None:
+            out["cpu_free"] = cpu.get_num_free_blocks()
+    return out
 
 
 def _moves(meta) -> dict:
@@ -175,7 +239,34 @@ def _patch_scheduler(mod) -> None:
     def record(so, dt, args, t0):
         LOG.batch = {**_batch(so, args[0]), "sched": round(dt, 6)}
         LOG.moves.update(_moves(getattr(so, "kv_connector_metadata", None)))
+        try:
+            LOG.batch.update(_state(so, args[0]))
+        except Exception as e:  # noqa: BLE001
+            LOG.batch["state_error"] = repr(e)[:120]
     _timed(mod.Scheduler, "schedule", record)
+    _before(mod.Scheduler, "_preempt_request", lambda self, request, *a, **k: LOG.event({
+        "ev": "preempt", "req": request.request_id, "computed": request.num_computed_tokens,
+        "prompt": request.num_prompt_tokens, "out": request.num_output_tokens,
+        "free": self.kv_cache_manager.block_pool.get_num_free_blocks()}))
+    _before(mod.Scheduler, "add_request", lambda self, request, *a, **k: LOG.event({
+        "ev": "add", "req": request.request_id, "prompt": request.num_prompt_tokens}))
+    _before(mod.Scheduler, "_free_request", lambda self, request, *a, **k: LOG.event({
+        "ev": "free", "req": request.request_id, "out": request.num_output_tokens,
+        "preemptions": request.num_preemptions}))
+
+
+def _patch_offload_manager(mod) -> None:
+    """SimpleCPUOffload's scheduler side: each load it sets up and sees finish."""
+    def alloc(out, dt, args, t0):
+        mgr, request = args[0], args[1]
+        state = mgr._reqs_to_load.get(request.request_id)
+        if state is not None and state.load_event is None and state.transfer_meta is not None:
+            LOG.event({"ev": "load", "req": request.request_id,
+                       "blocks": len(state.transfer_meta.gpu_block_ids), "ext": args[3]})
+    _timed(mod.SimpleCPUOffloadScheduler, "update_state_after_alloc", alloc)
+    _before(mod.SimpleCPUOffloadScheduler, "update_connector_output",
+            lambda self, output, *a, **k: [LOG.event({"ev": "loaded", "req": r})
+                                           for r in (output.finished_recving or ())])
 
 
 def _patch_runner(mod) -> None:
@@ -194,6 +285,7 @@ def _patch_connector(cls_name: str):
 
 _PATCHES = {"vllm.v1.engine.core": _patch_core, "vllm.v1.core.sched.scheduler": _patch_scheduler,
             "vllm.v1.worker.gpu_model_runner": _patch_runner,
+            "vllm.v1.simple_kv_offload.manager": _patch_offload_manager,
             **{m: _patch_connector(c) for m, c in _CONNECTORS.items()}}
 
 

@@ -1,22 +1,34 @@
 #!/usr/bin/env python3
 """What a KV connector adds to each engine step of real vLLM, and the simulator constants for it.
 
-The data: per-step timings of real vLLM 0.24.0 on one H200 (tests/data/h200-runs-5/steps/, one
-file per run, written by bench/stepprobe/sitecustomize.py inside the server: each engine step's
-time and the batch it ran — scheduled tokens, requests, decode requests, the context they had —
-plus the blocks or tokens the connector's metadata moved). The runs (h200-runs-5/README.md) share
-one capped pool (12,288 blocks of 16 tokens) and the `swe` trace:
+The data: per-step timings of real vLLM 0.24.0 on one H200 (written by
+bench/stepprobe/sitecustomize.py inside the server: each engine step's time and the batch it ran —
+scheduled tokens, requests, decode requests, the context they had — plus the blocks or tokens the
+connector's metadata moved), in two sets, each with its own no-connector baseline on the same
+capped pool (12,288 blocks of 16 tokens) and the `swe` trace:
 
-    cap     no connector, 16 lanes                       the baseline
-    ab0-a   SimpleCPUOffload 60 GiB lazy, 16 lanes       (a first A/B's side A)
-    ab-a    SimpleCPUOffload 60 GiB lazy, 16 lanes       (the A/B's side A)
-    ab-b    MooncakeStoreConnector 59 GB, 16 lanes       (the A/B's side B)
+    h200-runs-5 (16 lanes; h200-runs-5/README.md)
+    cap     no connector                              the baseline
+    ab0-a   SimpleCPUOffload 60 GiB lazy              (a first A/B's side A)
+    ab-a    SimpleCPUOffload 60 GiB lazy              (the A/B's side A)
+    ab-b    MooncakeStoreConnector 59 GB              fitted: mooncake
     o32     SimpleCPUOffload 60 GiB lazy, 32 lanes
 
+    h200-runs-7 (32 lanes; the probe also logs each step's prefill chunks apart: h200-runs-7/README.md)
+    cap32p, cap32p2   no connector                    the baseline (both runs)
+    offbp3            SimpleCPUOffload 60 GiB lazy    fitted: simple-cpu
+
+SimpleCPUOffload is fitted on h200-runs-7: its steps' prefill is known exactly (h200-runs-5 knew
+only the longest context of a step), and 32 lanes is the load of the offb runs the simulator is
+judged on; the 16-lane runs are shown (they gave factor 1.0 and no stalls: fewer preemptions and
+loads a step).
+
 Method:
-1. Baseline step model, fitted by least squares on `cap` (no connector):
+1. Baseline step model, fitted by least squares on the set's baseline (no connector):
        t = c0 + c1 x requests + c2 x context (k tokens) + c3 x prefill tokens (k)
            + c4 x prefill tokens x (prefill context + prefill tokens / 2) (M)
+   (h200-runs-7: decode context and the prefill chunks' own token pairs `pre_attn`; h200-runs-5:
+   all context, and the longest context as the prefill's)
    vLLM 0.24 runs with a batch queue of 2 (async scheduling): the time of engine call i+1 is
    spent finishing the batch scheduled by call i, so each batch is paired with the next call's
    time (`--shift`, default 1; the fit is better at 1: the baseline's R2 is printed).
@@ -49,6 +61,7 @@ import json
 import re
 import statistics
 import sys
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -58,28 +71,38 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # sim_calibration/: not installed
 from sim_calibration.steps import load_steps, paired  # noqa: E402
 
-DATA = ROOT / "tests" / "data" / "h200-runs-5"
-RUNS = {"cap": "none", "ab0-a": "simple-cpu", "ab-a": "simple-cpu", "ab-b": "mooncake",
-        "o32": "simple-cpu"}
-BASELINE = "cap"
-# the runs whose batches the baseline covers (16 lanes, as cap); o32's batches hold several times
-# more requests and prefill tokens than any of the baseline's (printed), where the baseline's model
-# extrapolates: shown, not fitted
-FIT_RUNS = ("ab0-a", "ab-a", "ab-b")
+DATA = ROOT / "tests" / "data"
 
 
-def features(s: dict) -> list[float]:
+@dataclass
+class StepSet:
+    folder: str  # under DATA
+    runs: dict[str, str]  # run -> connector kind ("none": a baseline run)
+    fitted: tuple[str, ...]  # the runs whose constants are written
+    exact: bool  # the probe logged the prefill chunks apart (pre_tokens, pre_ctx, pre_attn)
+
+
+SETS = (StepSet("h200-runs-5", {"cap": "none", "ab0-a": "simple-cpu", "ab-a": "simple-cpu",
+                                "ab-b": "mooncake", "o32": "simple-cpu"}, ("ab-b",), False),
+        StepSet("h200-runs-7", {"cap32p": "none", "cap32p2": "none", "offbp3": "simple-cpu"},
+                ("offbp3",), True))
+
+
+def features(s: dict, exact: bool) -> list[float]:
+    if exact:
+        return [1.0, s.get("reqs", 0), (s.get("ctx", 0) - s.get("pre_ctx", 0)) / 1e3,
+                s.get("pre_tokens", 0) / 1e3, s.get("pre_attn", 0) / 1e6]
     decode = s.get("decode", 0)
-    prefill = s["tokens"] - decode
+    prefill = s.get("tokens", 0) - decode
     ctx_p = s.get("ctx_max", 0) if prefill else 0  # the prefilling request: the longest context
     return [1.0, s.get("reqs", 0), s.get("ctx", 0) / 1e3, prefill / 1e3,
             prefill * (ctx_p + prefill / 2) / 1e6]
 
 
-def aligned(steps: list[dict], shift: int) -> tuple[np.ndarray, np.ndarray, list[dict]]:
+def aligned(steps: list[dict], shift: int, exact: bool) -> tuple[np.ndarray, np.ndarray, list[dict]]:
     """Batch i's features with call i+shift's time (the batch queue's pairing)."""
     batches, times = paired(steps, shift)
-    return np.array([features(s) for s in batches]), np.array(times), batches
+    return np.array([features(s, exact) for s in batches]), np.array(times), batches
 
 
 def moved(s: dict) -> tuple[float, float]:
@@ -89,32 +112,34 @@ def moved(s: dict) -> tuple[float, float]:
 
 
 def copy_rate() -> float:
-    rows = json.loads((DATA / "copyrate.json").read_text())
+    rows = json.loads((DATA / "h200-runs-5" / "copyrate.json").read_text())
     return statistics.median(r["GBps"] for r in rows
                              if r["op"] == "load" and r["loaded"] and r["blocks"] >= 16)
 
 
-def fit(shift: int) -> dict:
-    runs = {name: load_steps(DATA.parent, name) for name in RUNS}  # each file read once
-    X, y, _ = aligned(runs[BASELINE], shift)
+def fit_set(st: StepSet, shift: int, per_kind: dict) -> None:
+    """One set: its baseline model, then every run against it (printed); the fitted runs'
+    constants are added to per_kind."""
+    runs = {name: load_steps(DATA, name, Path(st.folder) / "steps") for name in st.runs}
+    base = [aligned(runs[n], shift, st.exact)[:2] for n, k in st.runs.items() if k == "none"]
+    X, y = np.vstack([b[0] for b in base]), np.concatenate([b[1] for b in base])
     coef = np.linalg.lstsq(X, y, rcond=None)[0]
     pred = X @ coef
     r2 = 1 - np.sum((y - pred) ** 2) / np.sum((y - y.mean()) ** 2)
     base_ratio = float(np.median(y / pred))
     base_excess = y - base_ratio * pred
     threshold = float(np.quantile(base_excess, 0.99))
-    print(f"baseline ({BASELINE}, no connector, {len(y)} steps, shift {shift}): t = {coef[0]:.3f} "
-          f"+ {coef[1]:.4f} x reqs + {coef[2]:.4f} x ctx_k + {coef[3]:.3f} x prefill_k "
+    names = "+".join(n for n, k in st.runs.items() if k == "none")
+    print(f"\n{st.folder}: baseline ({names}, no connector, {len(y)} steps, shift {shift}): "
+          f"t = {coef[0]:.3f} + {coef[1]:.4f} x reqs + {coef[2]:.4f} x ctx_k + {coef[3]:.3f} x prefill_k "
           f"+ {coef[4]:.5f} x prefill x ctx (M) ms; R2 {r2:.3f}; median real/model "
           f"{base_ratio:.3f}; stall threshold (p99 excess) {threshold:.1f} ms")
-    print(f"\n{'run':6s} {'connector':11s} {'steps':>6s} {'busy s':>7s} {'real/model':>10s} "
+    print(f"\n{'run':7s} {'connector':11s} {'steps':>6s} {'busy s':>7s} {'real/model':>10s} "
           f"{'factor':>7s} {'stall %':>8s} {'stall ms':>9s} {'excess s':>9s} "
           f"{'k tok loaded':>12s} {'k tok stored':>12s} {'window R2':>9s} {'sched conn ms/step':>18s} "
           f"{'reqs/step':>9s} {'tok/step':>10s}")
-    per_kind: dict[str, list] = {}
-    for name, kind in RUNS.items():
-        steps = runs[name]
-        X, y, batches = aligned(steps, shift)
+    for name, kind in st.runs.items():
+        X, y, batches = aligned(runs[name], shift, st.exact)
         pred = X @ coef
         factor = float(np.median(y / pred)) / base_ratio
         excess = y - factor * base_ratio * pred
@@ -134,15 +159,21 @@ def fit(shift: int) -> dict:
             wr2 = 1 - np.sum((E[busy] - A[busy] @ c) ** 2) / np.sum((E[busy] - E[busy].mean()) ** 2)
         sched = np.mean([s.get("conn_sched", 0.0) for s in batches]) * 1e3
         mreqs = float(np.mean([s.get("reqs", 0) for s in batches]))
-        mtok = float(np.mean([s["tokens"] for s in batches]))
+        mtok = float(np.mean([s.get("tokens", 0) for s in batches]))
         if kind == "none":
             share = stall_ms = 0.0
-        print(f"{name:6s} {kind:11s} {len(y):6d} {y.sum() / 1e3:7.1f} {y.sum() / (base_ratio * pred.sum()):10.3f} "
+        print(f"{name:7s} {kind:11s} {len(y):6d} {y.sum() / 1e3:7.1f} {y.sum() / (base_ratio * pred.sum()):10.3f} "
               f"{factor:7.3f} {100 * share:8.2f} {stall_ms:9.1f} {float(np.sum(y - base_ratio * pred)) / 1e3:9.1f} "
               f"{lt[:, 0].sum() / 1e3:12.0f} {lt[:, 1].sum() / 1e3:12.0f} {wr2:9.2f} {sched:18.3f} "
-              f"{mreqs:9.2f} {mtok:10.0f}{'' if name in FIT_RUNS or kind == 'none' else '  (not fitted)'}")
-        if name in FIT_RUNS:
+              f"{mreqs:9.2f} {mtok:10.0f}{'' if name in st.fitted or kind == 'none' else '  (not fitted)'}")
+        if name in st.fitted:
             per_kind.setdefault(kind, []).append((len(y), factor, share, stall_ms))
+
+
+def fit(shift: int) -> dict:
+    per_kind: dict[str, list] = {}
+    for st in SETS:
+        fit_set(st, shift, per_kind)
     out = {}
     for kind, rows in per_kind.items():
         n = sum(r[0] for r in rows)
@@ -151,7 +182,8 @@ def fit(shift: int) -> dict:
         ms = sum(r[0] * r[2] * r[3] for r in rows) / (q * n) if q else 0.0
         out[kind] = {"factor": round(f, 3), "stall_fraction": round(q, 4), "stall_ms": round(ms, 1)}
     rate = copy_rate()
-    print(f"\nper connector (pooled over {', '.join(FIT_RUNS)}, by steps): {out}")
+    fitted = ", ".join(n for st in SETS for n in st.fitted)
+    print(f"\nper connector (pooled over {fitted}, by steps): {out}")
     print(f"simple-cpu copy rate measured: {rate:.1f} GB/s (copyrate.json, median of loads of "
           f"16+ blocks under a GEMM loop); the profile's effective load rate is kept (docstring, 4.)")
     return {"offload_step_cost": out}

@@ -9,6 +9,9 @@ write them into the profile YAML.
    steps (`fit_attn_mbu`: the decode-only steps of h200-runs-5's `cap` run, no connector), and
    the per-sequence overhead that keeps the 8-stream steady step at its anchor
    (replay.per_seq_for_anchor; docs/simulator.md §Calibration).
+   Prefill (`mfu`, `attn_mfu`): the FLOP efficiencies of the dense layers and of attention,
+   measured on the steps with a prefill chunk of h200-runs-7's `cap32p` and `cap32p2` (no
+   connector; `fit_prefill`).
 2. Front end (`frontend_ms`, `frontend_us_per_prompt_token`, `frontend_servers`): for each
    capacity in SERVERS, the per-request work a + b x prompt is fitted by least squares to what
    the engine model leaves unexplained (measured TTFT - modelled TTFT outside the front end -
@@ -51,6 +54,11 @@ SERVERS = (0.0, 1.0, 2.0, 4.0, 8.0)  # 0 = unlimited (independent holds)
 FIT_RUNS = ("base", "spec", "spec32")
 STEP_RUN = "cap"  # engine steps of vLLM 0.24 on the offload runs' capped pool, no connector
 STALLS = 0.95  # decode steps slower than this quantile are left out (stalls, not KV reads)
+# engine steps with the prefill chunks apart (the probe's pre_* fields), no connector, 32 lanes
+PREFILL_RUNS = ("cap32p", "cap32p2")
+PREFILL_STEPS = Path("h200-runs-7") / "steps"
+MIN_CHUNK = 4096  # prefill tokens a step needs to be priced by its FLOPs (the roofline's max)
+PREFILL_STALLS = 0.97  # ... and steps slower than this quantile are left out
 
 
 def fit_attn_mbu(data_dir: Path, cfg: SimConfig, out=sys.stdout) -> float:
@@ -76,6 +84,39 @@ def fit_attn_mbu(data_dir: Path, cfg: SimConfig, out=sys.stdout) -> float:
           f"{coef[1] * 1e3:.0f} us/request + {coef[2] * 1e5:.3f} ms per 100k context tokens, "
           f"R2 {r2:.3f}; attn_mbu {mbu:.3f}", file=out)
     return float(mbu)
+
+
+def fit_prefill(data_dir: Path, cfg: SimConfig, out=sys.stdout) -> tuple[float, float]:
+    """`mfu` and `attn_mfu`, measured: over the engine steps of PREFILL_RUNS that prefill at least
+    MIN_CHUNK tokens (each batch with its own compute time, steps.paired), the time beyond the
+    model's per-step and per-sequence overheads is regressed, without intercept, on the two FLOP
+    terms at full peak (dense layers: 2 x params x tokens; attention: 4 x layers x heads x
+    head_dim x the token pairs of the prefill chunks (`pre_attn`) and of the decodes); each
+    coefficient is 1 / efficiency. Nearly all of these steps carry a full 8,192-token chunk, the
+    context before the chunk from 0 to 125k tokens, so the context separates attention's share.
+    Until 2026-12-04 one `mfu` (0.64) was fitted to a 1-stream TTFT of a 2,000-token prompt and
+    priced these steps 6 % slow, most at short context (docs/simulator.md §Calibration)."""
+    t = timing_with(build_engine(cfg), {"mfu": 1.0, "attn_mfu": 1.0})
+    rows = [(s, ms) for name in PREFILL_RUNS
+            for s, ms in zip(*paired(load_steps(data_dir, name, PREFILL_STEPS)))
+            if s.get("pre_tokens", 0) >= MIN_CHUNK]
+    fixed = [(t.overhead + t.layer_overhead + s["reqs"] * t.per_seq) * 1e3 for s, _ in rows]
+    y = np.array([ms - f for (_, ms), f in zip(rows, fixed)])
+    decode_pairs = [s.get("ctx", 0) - s.get("pre_ctx", 0) + s["reqs"] - s.get("pre_reqs", 0) for s, _ in rows]
+    x = np.array([[t.flop_tok * s["tokens"] / t.flops * 1e3,
+                   t.attn_flop * (s.get("pre_attn", 0) + d) / t.attn_flops * 1e3]
+                  for (s, _), d in zip(rows, decode_pairs)])
+    keep = y <= np.quantile(y, PREFILL_STALLS)
+    coef, *_ = np.linalg.lstsq(x[keep], y[keep], rcond=None)
+    pred = x[keep] @ coef
+    r2 = 1 - np.sum((y[keep] - pred) ** 2) / np.sum((y[keep] - y[keep].mean()) ** 2)
+    mfu, attn = 1 / coef[0], 1 / coef[1]
+    print(f"prefill steps ({', '.join(PREFILL_RUNS)}, {int(keep.sum())} of {len(y)} with "
+          f"{MIN_CHUNK}+ prefill tokens): dense {coef[0] * x[0, 0] / rows[0][0]['tokens'] * 1e3:.2f} "
+          f"ms per 1k tokens, attention {coef[1] * t.attn_flop / t.attn_flops * 1e9:.3f} ms per M "
+          f"token pairs, R2 {r2:.3f}, rms {np.sqrt(np.mean((y[keep] - pred) ** 2)):.1f} ms; "
+          f"mfu {mfu:.3f}, attn_mfu {attn:.3f}", file=out)
+    return float(mfu), float(attn)
 
 
 def _regress(data: list, calib: dict) -> tuple[float, float, float]:
@@ -112,7 +153,9 @@ def fit(data_dir: Path, rounds: int = 4, out=sys.stdout) -> dict:
     loaded = {r.name: r.load() for r in runs(data_dir)}
     base_cfg = loaded["base"][0]
     mbu = fit_attn_mbu(data_dir, base_cfg, out)
-    dec = {"attn_mbu": mbu, "per_seq_overhead_us": per_seq_for_anchor(base_cfg, mbu, DECODE_ANCHOR)}
+    mfu, attn_mfu = fit_prefill(data_dir, base_cfg, out)
+    dec = {"attn_mbu": mbu, "mfu": mfu, "attn_mfu": attn_mfu,
+           "per_seq_overhead_us": per_seq_for_anchor(base_cfg, mbu, DECODE_ANCHOR)}
     data = [(loaded[n][0], loaded[n][1]) for n in FIT_RUNS if n in loaded]
     best = None
     for servers in SERVERS:
@@ -143,8 +186,8 @@ def residuals(data_dir: Path, calib: dict, out=sys.stdout) -> None:
                   file=out)
 
 
-_FORMAT = {"attn_mbu": "{:.3f}", "per_seq_overhead_us": "{:.1f}", "frontend_ms": "{:.2f}",
-           "frontend_us_per_prompt_token": "{:.3f}", "frontend_servers": "{:g}"}
+_FORMAT = {"attn_mbu": "{:.3f}", "mfu": "{:.3f}", "attn_mfu": "{:.3f}", "per_seq_overhead_us": "{:.1f}",
+           "frontend_ms": "{:.2f}", "frontend_us_per_prompt_token": "{:.3f}", "frontend_servers": "{:g}"}
 
 
 def write_profile(path: Path, calib: dict) -> None:

@@ -1,8 +1,9 @@
-"""Real vLLM 0.24 engine steps on one H200 (tests/data/h200-runs-5/steps/, one gzipped JSON line
-per engine call, written inside the server by bench/stepprobe/sitecustomize.py): the call's time
-`dt` (s) and the batch it scheduled (`tokens`, `reqs`, `decode` requests, `ctx`: the context they
-had computed, ...; h200-runs-5/README.md). Read by bench/connector_steps.py (what a connector adds
-to a step) and sim_calibration.fit (the KV-read efficiency)."""
+"""Real vLLM 0.24 engine steps on one H200 (tests/data/h200-runs-5/steps/ and h200-runs-7/steps/,
+one gzipped JSON line per engine call, written inside the server by bench/stepprobe/sitecustomize.py):
+the call's time `dt` (s) and the batch it scheduled (`tokens`, `reqs`, `decode` requests, `ctx`:
+the context they had computed, ...; h200-runs-5/README.md; h200-runs-7 adds the prefill chunks
+apart: `pre_reqs`, `pre_tokens`, `pre_ctx`, `pre_attn`). Read by bench/connector_steps.py (what a
+connector adds to a step) and sim_calibration.fit (the KV-read and prefill efficiencies)."""
 from __future__ import annotations
 
 import gzip
@@ -12,9 +13,9 @@ from pathlib import Path
 STEPS = Path("h200-runs-5") / "steps"  # under the data folder (realruns.DATA)
 
 
-def load_steps(data: Path, name: str) -> list[dict]:
-    """Run `name`'s engine calls, in order."""
-    with gzip.open(data / STEPS / f"{name}.jsonl.gz", "rt") as f:
+def load_steps(data: Path, name: str, folder: Path = STEPS) -> list[dict]:
+    """Run `name`'s engine calls, in order (zero fields are left out of the files)."""
+    with gzip.open(data / folder / f"{name}.jsonl.gz", "rt") as f:
         return [json.loads(line) for line in f]
 
 

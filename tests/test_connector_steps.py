@@ -1,5 +1,6 @@
-"""What a KV connector adds to each engine step: measured on the H200 (tests/data/h200-runs-5/steps,
-bench/stepprobe), fitted by bench/connector_steps.py, applied by the simulator's step timing."""
+"""What a KV connector adds to each engine step: measured on the H200 (tests/data/h200-runs-5/steps
+and h200-runs-7/steps, bench/stepprobe), fitted by bench/connector_steps.py, applied by the
+simulator's step timing."""
 from __future__ import annotations
 
 import re
@@ -30,11 +31,12 @@ def test_profile_constants_are_what_the_fit_writes_from_the_measurements(tmp_pat
         for field in ("factor", "stall_fraction", "stall_ms"):
             m = re.search(rf"'{kind}': \{{[^}}]*'{field}': ([\d.]+)", fitted)
             assert float(m.group(1)) == pytest.approx(getattr(c, field)), (kind, field)
-    # what the measurements say: SimpleCPUOffload adds nothing to a step; Mooncake slows every
-    # step and stalls some
-    assert shipped["simple-cpu"].factor == pytest.approx(1.0, abs=0.02)
-    assert shipped["simple-cpu"].stall_fraction == 0.0
-    assert shipped["mooncake"].factor > 1.1 and shipped["mooncake"].stall_fraction > 0.01
+    # what the measurements say: at 32 lanes SimpleCPUOffload slows a step by a few per cent and
+    # stalls ~2 % of them (around its stores, loads and preemptions); Mooncake slows every step
+    # by a fifth and stalls more, for longer
+    sc, mc = shipped["simple-cpu"], shipped["mooncake"]
+    assert 1.0 < sc.factor < 1.1 and 0.01 < sc.stall_fraction < 0.05
+    assert mc.factor > 1.1 and mc.stall_fraction > 0.01 and mc.stall_ms > sc.stall_ms
 
 
 def _steps(kind: str, n: int = 2000) -> list[float]:
@@ -49,12 +51,12 @@ def _steps(kind: str, n: int = 2000) -> list[float]:
     return out
 
 
-def test_the_simulator_prices_each_connectors_steps_as_measured():
+@pytest.mark.parametrize("kind", ["mooncake", "simple-cpu"])
+def test_the_simulator_prices_each_connectors_steps_as_measured(kind):
     base = _steps("none")
-    cost = load_profile("h200-qwen3-8b-bf16").calibration.offload_step_cost["mooncake"]
-    mc = _steps("mooncake")
-    assert statistics.median(mc) == pytest.approx(cost.factor * statistics.median(base), rel=1e-6)
-    stalled = [m for m, b in zip(mc, base) if m > cost.factor * b + 1e-9]
-    assert len(stalled) == pytest.approx(cost.stall_fraction * len(mc), abs=1)
+    cost = load_profile("h200-qwen3-8b-bf16").calibration.offload_step_cost[kind]
+    steps = _steps(kind)
+    assert statistics.median(steps) == pytest.approx(cost.factor * statistics.median(base), rel=1e-6)
+    stalled = [m for m, b in zip(steps, base) if m > cost.factor * b + 1e-9]
+    assert len(stalled) == pytest.approx(cost.stall_fraction * len(steps), abs=1)
     assert statistics.mean(stalled) - cost.factor * base[0] == pytest.approx(cost.stall_ms, rel=1e-6)
-    assert statistics.mean(_steps("simple-cpu")) == pytest.approx(statistics.mean(base), rel=0.02)

@@ -52,3 +52,19 @@ def test_pool_smaller_than_working_set_preempts_only_without_full_isl_reservatio
     assert all(r.finish == "length" for r in full + chunk)
     assert sum(r.preemptions for r in full) == 0
     assert sum(r.preemptions for r in chunk) > 0
+
+
+def test_hit_of_a_resumption_kept_apart_for_vllm_024s_report():
+    """A request preempted mid-prefill finds its own computed blocks again when it is re-admitted.
+    vLLM 0.32 (the served simulator's reference) reports the hit of its first admission; vLLM 0.24
+    overwrites it at each admission until the first token (docs/server-metrics.md;
+    tests/data/h200-runs-7: 13 offbp3 requests report 8,176-24,576 cached tokens having started
+    cold), which the replays of those 0.24 runs compare with (`hit_last_admission`). Every prompt
+    here is distinct, so a non-zero hit can only be such a self-hit."""
+    small = SimConfig(profile="h200-qwen3-8b-bf16", kv_pool_tokens=8_192, max_num_batched_tokens=2_048,
+                      reserve_full_isl=False)
+    reqs = _run(small, [(0.0, 6_000, 64)] * 8)
+    assert all(r.cached_device == r.cached_host == 0 for r in reqs)  # 0.32: the first admission's
+    assert all(r.hit_last_admission == 0 for r in reqs if not r.preemptions)
+    self_hits = [r for r in reqs if r.preemptions and r.hit_last_admission]
+    assert self_hits and all(r.hit_last_admission < r.prompt_len for r in self_hits)

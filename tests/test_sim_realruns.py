@@ -21,7 +21,7 @@ def test_runs_found_from_any_working_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert {r.name for r in runs(DATA)} == {"base", "spec", "offA", "offB", "spec32", "offb",
                                            "offb-r1", "offb-r2", "o32", "offbp", "offbp2",
-                                           "cap32"}
+                                           "offbp3", "cap32", "cap32p", "cap32p2"}
 
 
 def test_jitter_is_seeded_bounded_and_leaves_replay_0_alone():
@@ -53,7 +53,8 @@ def _sim_vs_real():
 def test_offb_repeats_are_one_group():
     groups = {r.name: r.group for r in runs(DATA)}
     assert {n for n, g in groups.items() if g == "offb"} == {"offb", "offb-r1", "offb-r2", "o32",
-                                                             "offbp", "offbp2"}
+                                                             "offbp", "offbp2", "offbp3"}
+    assert {n for n, g in groups.items() if g == "cap32"} == {"cap32", "cap32p", "cap32p2"}
     assert len({groups[n] for n in ("base", "spec", "offA", "offB", "spec32", "offb", "cap32")}) == 7
 
 
@@ -61,7 +62,8 @@ def test_simple_cpu_offload_runs_are_replayed_with_vllm_024s_lazy_walk():
     """The SimpleCPUOffload servers (vLLM 0.24.0, lazy_offload) held the blocks their lazy store
     copied (sim/offload.py `OffloadTier.walk`); the replay models that, the other runs have no tier."""
     off = [r for r in runs(DATA) if r.server.get("kv_offload") == "simple-cpu"]
-    assert {r.name for r in off} == {"offB", "offb", "offb-r1", "offb-r2", "o32", "offbp", "offbp2"}
+    assert {r.name for r in off} == {"offB", "offb", "offb-r1", "offb-r2", "o32", "offbp", "offbp2",
+                                     "offbp3"}
     for r in off:
         cfg = r.load()[0]
         assert cfg.offload_store_walk and cfg.offload_store == "lazy"
@@ -94,10 +96,10 @@ def test_cli_judges_a_run_against_its_group():
                         "--runs", "offb-r2"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert p.returncode == 0, p.stderr
     out = p.stdout
-    assert "### offb-r2 (32 lanes, group of 6 real runs)" in out
+    assert "### offb-r2 (32 lanes, group of 7 real runs)" in out
     svr = _sim_vs_real()
     group = {r.name: r for r in runs(DATA) if r.group == "offb"}
-    assert set(group) == {"offb", "offb-r1", "offb-r2", "o32", "offbp", "offbp2"}
+    assert set(group) == {"offb", "offb-r1", "offb-r2", "o32", "offbp", "offbp2", "offbp3"}
     reals = {n: svr.real_figures(*r.load()[1:]) for n, r in group.items()}
     for label, k, q in svr.ROWS:
         if k == "itl" or q not in svr.BOUNDS:

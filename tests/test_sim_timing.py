@@ -20,12 +20,14 @@ from sim_calibration.offline import ANCHORS, Scenario, decode_tpot_ms, simulate
 
 # Per anchor, the deviation we accept (documented with the reason in docs/simulator.md)
 TOLERANCE = {
-    ("1 stream, 2000/256", "ttft_mean_ms"): 0.03,
+    # TTFT: mfu is measured on vLLM's engine steps (2026-12-04), no longer fitted to this figure;
+    # the published TTFT also holds the API server's time, which the offline model leaves out
+    ("1 stream, 2000/256", "ttft_mean_ms"): 0.15,
     ("1 stream, 2000/256", "tpot_mean_ms"): 0.03,
     ("8 streams, steady decode step", "tpot_ms"): 0.03,
     ("EAGLE3 K=3 AL 2.5, 1 stream", "tpot_mean_ms"): 0.03,
     ("EAGLE3 K=3 AL 2.5, 8 streams, steady decode step", "tpot_ms"): 0.03,
-    ("8 streams, 2000/256", "ttft_p50_ms"): 0.20,  # synchronised start: chunked-prefill order
+    ("8 streams, 2000/256", "ttft_p50_ms"): 0.30,  # synchronised start: chunked-prefill order; as above
     ("8 streams, 2000/256", "tpot_mean_ms"): 0.15,
     ("8 streams, 2000/256", "output_tok_s"): 0.10,
     ("EAGLE3 K=3 AL 2.5, 8 streams", "tpot_mean_ms"): 0.40,

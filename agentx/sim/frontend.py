@@ -5,10 +5,18 @@ template and tokenises the whole conversation; that work runs on one Python proc
 loop plus a tokenizer thread, sharing the interpreter lock). Requests in it therefore share its
 CPU: modelled as a processor-sharing queue with `servers` units of capacity. Each request needs
 `fixed_s + per_token_s x prompt tokens` of work; with n requests inside, each progresses at
-min(1, servers / n) of real time. So waiting grows with load and bursts, and a short request sent
-after a long cold one leaves first: the engine receives requests in the order the front end
-finishes them, not the order they arrived. `servers = 0` means unlimited capacity (every request
-held exactly its own work, independently: the model before 2026-12-02).
+min(1, servers / n) of real time. So waiting grows with load and bursts. `servers = 0` means
+unlimited capacity (every request held exactly its own work, independently: the model before
+2026-12-02).
+
+`ordered`: requests leave in the order they arrived, as measured on vLLM 0.24 (the engine core's
+`add` of 179 requests against their send times, tests/data/h200-runs-6: no request overtook an
+earlier one by more than 0.1 ms; a burst of 31 cold prompts left together, in send order, 0.4 s
+after the first). A request whose work is done waits, no longer sharing the capacity, until every
+earlier one has left; vLLM's renderer runs chat templates and tokenisation on a thread pool whose
+queue is first in, first out. Without it (the model of 2026-12-02) a short request sent after a
+long cold one leaves first, and the engine, first come first served, serves a cold burst
+shortest first.
 
 `FrontEnd` is pure bookkeeping on a caller's clock (seconds); the served simulator drives it from
 its event loop (`ServedFrontEnd`), the replay (sim_calibration/replay.py) from its virtual clock.
@@ -23,6 +31,7 @@ from dataclasses import dataclass, field
 class _Job:
     item: object
     left: float  # seconds of work still to do at full rate
+    seq: int = 0  # arrival order
 
 
 @dataclass
@@ -30,8 +39,11 @@ class FrontEnd:
     fixed_s: float
     per_token_s: float
     servers: float = 0.0  # capacity shared by the requests inside (0 = unlimited)
+    ordered: bool = False  # leave in arrival order (a finished request waits for earlier ones)
     now: float = 0.0
-    jobs: list[_Job] = field(default_factory=list)
+    jobs: list[_Job] = field(default_factory=list)  # still being worked on
+    held: list[_Job] = field(default_factory=list)  # done, waiting for an earlier arrival to leave
+    arrived: int = 0
 
     def work(self, prompt_tokens: int) -> float:
         """Seconds of front-end work one request of this prompt size needs."""
@@ -45,11 +57,13 @@ class FrontEnd:
         """`item` enters at `now` needing `work` seconds; returns what left up to `now` (as
         `advance`), which the caller must hand on."""
         out = self.advance(now)
-        self.jobs.append(_Job(item, max(0.0, work)))
+        self.jobs.append(_Job(item, max(0.0, work), self.arrived))
+        self.arrived += 1
         return out
 
     def next_finish(self) -> float | None:
-        """When the next request leaves, if none arrives before."""
+        """When the next request's work is done, if none arrives before (with `ordered`, it may
+        stay held: `advance` to then returns what really left)."""
         if not self.jobs:
             return None
         return self.now + min(j.left for j in self.jobs) / self._rate()
@@ -68,7 +82,15 @@ class FrontEnd:
             self.now = t_done
             done = [j for j in self.jobs if j.left <= 1e-12]
             self.jobs = [j for j in self.jobs if j.left > 1e-12]
-            out.extend((t_done, j.item) for j in done)
+            if not self.ordered:
+                out.extend((t_done, j.item) for j in done)
+                continue
+            self.held += done
+            first_busy = min((j.seq for j in self.jobs), default=self.arrived)
+            free = sorted((j for j in self.held if j.seq < first_busy), key=lambda j: j.seq)
+            if free:
+                self.held = [j for j in self.held if j.seq >= first_busy]
+                out.extend((t_done, j.item) for j in free)
         if now > self.now:
             step = (now - self.now) * self._rate()
             for j in self.jobs:
@@ -91,7 +113,7 @@ class ServedFrontEnd:
     async def hold(self, work: float, already: float = 0.0) -> None:
         """Wait until this request's `work` (modelled seconds) is done; `already`: real seconds
         it has been in the server (its own parsing), credited at full rate."""
-        if not self.fe.servers:  # unlimited: an independent hold
+        if not self.fe.servers and not self.fe.ordered:  # unlimited: an independent hold
             left = work / self.scale - already
             if left > 0:
                 await asyncio.sleep(left)

@@ -56,6 +56,8 @@ class Calibration(StrictModel):
     mbu: float = 0.85  # fraction of HBM bandwidth the weight reads achieve
     attn_mbu: float = 0.6  # ... the KV reads of decode attention achieve
     mfu: float = 0.65  # fraction of peak FLOP/s prefill GEMMs achieve
+    # ... prefill attention achieves (its FLOPs grow with the context); None = mfu
+    attn_mfu: float | None = None
     step_overhead_ms: float = 0.8  # per step: launch, sampling, scheduler, detokenize
     per_layer_us: float = 0.0  # per layer per step: kernel floors not covered by the roofline (MoE routing)
     per_seq_overhead_us: float = 50.0  # per running sequence per step
@@ -83,6 +85,8 @@ class Calibration(StrictModel):
     # capacity of that API server, shared by the requests in it (sim/frontend.py); 0 = unlimited
     # (each request held for its own work, independently)
     frontend_servers: float = 0.0
+    # requests leave that server in the order they arrived (sim/frontend.py `ordered`)
+    frontend_in_order: bool = False
 
     def load_gbps(self, kind: str) -> float | None:
         """The tier's load rate into one GPU, GB/s; None for no connector (or none given)."""

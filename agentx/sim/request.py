@@ -40,6 +40,9 @@ class SimRequest:
     tier_pin: list[int] = field(default_factory=list)  # offload-tier hits pinned for its load
     preemptions: int = 0
     counted: bool = False  # prefix-cache stats recorded (first lookup only)
+    # tokens hit (GPU + tier) at its latest admission before its first token: what vLLM 0.24
+    # reports as cached for a request preempted mid-prefill (0.32, as served: the first admission's)
+    hit_last_admission: int = 0
     scheduled_ns: int = 0  # first time the scheduler took it (queue time ends)
     first_token_ns: int = 0
     last_token_ns: int = 0

@@ -249,6 +249,8 @@ class Scheduler:
             req.cached_host = host * bs
             self.stats.on_prefix_lookup(req.prompt_len, dev * bs, host * bs, offload is not None,
                                         len(hashes) - dev)
+        if not req.num_out:
+            req.hit_last_admission = (dev + host) * bs
         if not host:
             return True
         offload.load(req.tier_pin)

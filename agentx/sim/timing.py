@@ -3,7 +3,7 @@
     t_step = max(t_mem, t_flop) + t_tp + overhead + layers x per_layer + n_seqs x per_seq (+ drafts)
     under a KV connector: t_step x factor, plus stall_ms on a share stall_fraction of steps
     t_mem  = weight bytes read / (BW x mbu) + KV bytes read / (BW x attn_mbu)
-    t_flop = (2 x active params / TP x tokens + attention FLOPs) / (peak x mfu)
+    t_flop = 2 x active params / TP x tokens / (peak x mfu) + attention FLOPs / (peak x attn_mfu)
     t_tp   = 2 all-reduces per layer: latency + ring volume 2 (TP-1)/TP x tokens x hidden x 2 B / NVLink
 MoE: a step whose T tokens each route to top_k of E experts reads, per MoE layer, the expected
 number of distinct experts E (1 - (1 - k/E)^T); the rest of the parameters are always read.
@@ -81,6 +81,7 @@ class StepTiming:
         self.w_bw = bw * cal.mbu
         self.kv_bw = bw * cal.attn_mbu
         self.flops = hw.peak_tflops * 1e12 * cal.mfu
+        self.attn_flops = hw.peak_tflops * 1e12 * (cal.attn_mfu or cal.mfu)
         self.kv_tok = r.kv_bytes_per_token_rank
         # weights per rank, split into always-read and routed-expert parts
         total = m.params_b * 1e9
@@ -146,7 +147,7 @@ class StepTiming:
         fl = self.flop_tok * b.num_tokens + self.attn_flop * b.attn_qk
         b.flops, b.read_bytes, b.write_bytes = fl, w + kv, b.num_tokens * self.kv_tok
         t_mem = w / self.w_bw + kv / self.kv_bw
-        t_flop = fl / self.flops
+        t_flop = self.flop_tok * b.num_tokens / self.flops + self.attn_flop * b.attn_qk / self.attn_flops
         t = max(t_mem, t_flop) + self.overhead + self.layer_overhead + b.num_seqs * self.per_seq
         t += self.ar_lat + self.ar_tok * b.num_tokens
         if self.k and b.num_decode:

@@ -6,7 +6,7 @@ model runner and KV connector modules are imported it wraps, without changing wh
 
 - `EngineCore.step` / `step_with_batch_queue`: one row per engine step (its start, end, and the
   batch the scheduler built for it: scheduled tokens, requests, new requests, decode requests,
-  the tokens of the longest and of all scheduled contexts);
+  the tokens of the longest and of all scheduled contexts, and of the prefill chunks apart);
 - `Scheduler.schedule`: its own time (it includes the connector's scheduler-side hooks);
 - `GPUModelRunner.execute_model` / `sample_tokens`: one row per call, the worker's host-side time;
 - each KV connector hook (SimpleCPUOffloadConnector, MooncakeStoreConnector): time summed by hook,
@@ -165,14 +165,20 @@ def _before(cls, name: str, record) -> None:
 
 def _batch(so, scheduler) -> dict:
     """What the scheduler scheduled this step (vLLM's SchedulerOutput), and the context the
-    scheduled requests had computed before it (attention reads it)."""
+    scheduled requests had computed before it (attention reads it). The prefill chunks (requests
+    scheduled more than one token) apart: their number, tokens, the context they start from, and
+    their attention work sum(n x (start + n / 2)) (token pairs, over 2), so a step's time can be
+    regressed on what its prefill and its decode each cost."""
     per_req = getattr(so, "num_scheduled_tokens", {}) or {}
     new = getattr(so, "scheduled_new_reqs", []) or []
     reqs = getattr(scheduler, "requests", {})
     ctx = [getattr(reqs.get(r), "num_computed_tokens", 0) - n for r, n in per_req.items()]
+    pre = [(c, n) for c, n in zip(ctx, per_req.values()) if n > 1]
     return {"tokens": int(getattr(so, "total_num_scheduled_tokens", 0)), "reqs": len(per_req),
             "new": len(new), "decode": sum(1 for n in per_req.values() if n == 1),
             "ctx": int(sum(ctx)), "ctx_max": int(max(ctx, default=0)),
+            "pre_reqs": len(pre), "pre_tokens": sum(n for _, n in pre),
+            "pre_ctx": sum(c for c, _ in pre), "pre_attn": int(sum(n * (c + n / 2) for c, n in pre)),
             "waiting": len(getattr(scheduler, "waiting", ()) or ())}
 
 

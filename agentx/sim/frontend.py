@@ -13,10 +13,8 @@ unlimited capacity (every request held exactly its own work, independently: the 
 `add` of 179 requests against their send times, tests/data/h200-runs-6: no request overtook an
 earlier one by more than 0.1 ms; a burst of 31 cold prompts left together, in send order, 0.4 s
 after the first). A request whose work is done waits, no longer sharing the capacity, until every
-earlier one has left; vLLM's renderer runs chat templates and tokenisation on a thread pool whose
-queue is first in, first out. Without it (the model of 2026-12-02) a short request sent after a
-long cold one leaves first, and the engine, first come first served, serves a cold burst
-shortest first.
+earlier one has left. Without it (the model of 2026-12-02) a short request sent after a long cold
+one leaves first, and the engine, first come first served, serves a cold burst shortest first.
 
 `FrontEnd` is pure bookkeeping on a caller's clock (seconds); the served simulator drives it from
 its event loop (`ServedFrontEnd`), the replay (sim_calibration/replay.py) from its virtual clock.

@@ -61,6 +61,16 @@ MIN_CHUNK = 4096  # prefill tokens a step needs to be priced by its FLOPs (the r
 PREFILL_STALLS = 0.97  # ... and steps slower than this quantile are left out
 
 
+def _fit_below(x: np.ndarray, y: np.ndarray, quantile: float) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """Least squares of y on x over the rows with y at most its `quantile` (stalls left out):
+    (coefficients, the rows kept, R2, rms residual) over the kept rows."""
+    keep = y <= np.quantile(y, quantile)
+    coef, *_ = np.linalg.lstsq(x[keep], y[keep], rcond=None)
+    res = y[keep] - x[keep] @ coef
+    r2 = 1 - np.sum(res ** 2) / np.sum((y[keep] - y[keep].mean()) ** 2)
+    return coef, keep, float(r2), float(np.sqrt(np.mean(res ** 2)))
+
+
 def fit_attn_mbu(data_dir: Path, cfg: SimConfig, out=sys.stdout) -> float:
     """The KV-read efficiency of decode steps, measured: over the decode-only engine steps of
     STEP_RUN (each batch with its own compute time, steps.paired), least squares of the time
@@ -73,10 +83,7 @@ def fit_attn_mbu(data_dir: Path, cfg: SimConfig, out=sys.stdout) -> float:
             if s.get("reqs") and s["tokens"] == s["reqs"] == s.get("decode")]
     y = np.array([t for _, t in rows])
     x = np.array([[1.0, s["reqs"], s.get("ctx", 0)] for s, _ in rows])
-    keep = y <= np.quantile(y, STALLS)
-    coef, *_ = np.linalg.lstsq(x[keep], y[keep], rcond=None)
-    pred = x[keep] @ coef
-    r2 = 1 - np.sum((y[keep] - pred) ** 2) / np.sum((y[keep] - y[keep].mean()) ** 2)
+    coef, keep, r2, _ = _fit_below(x, y, STALLS)
     t = timing_with(build_engine(cfg), {"attn_mbu": 1.0})  # one token's KV at full HBM bandwidth
     full_bw_ms = t.kv_tok / t.kv_bw * 1e3
     mbu = full_bw_ms / coef[2]
@@ -106,16 +113,12 @@ def fit_prefill(data_dir: Path, cfg: SimConfig, out=sys.stdout) -> tuple[float, 
     x = np.array([[t.flop_tok * s["tokens"] / t.flops * 1e3,
                    t.attn_flop * (s.get("pre_attn", 0) + d) / t.attn_flops * 1e3]
                   for (s, _), d in zip(rows, decode_pairs)])
-    keep = y <= np.quantile(y, PREFILL_STALLS)
-    coef, *_ = np.linalg.lstsq(x[keep], y[keep], rcond=None)
-    pred = x[keep] @ coef
-    r2 = 1 - np.sum((y[keep] - pred) ** 2) / np.sum((y[keep] - y[keep].mean()) ** 2)
+    coef, keep, r2, rms = _fit_below(x, y, PREFILL_STALLS)
     mfu, attn = 1 / coef[0], 1 / coef[1]
     print(f"prefill steps ({', '.join(PREFILL_RUNS)}, {int(keep.sum())} of {len(y)} with "
-          f"{MIN_CHUNK}+ prefill tokens): dense {coef[0] * x[0, 0] / rows[0][0]['tokens'] * 1e3:.2f} "
+          f"{MIN_CHUNK}+ prefill tokens): dense {coef[0] * t.flop_tok / t.flops * 1e6:.2f} "
           f"ms per 1k tokens, attention {coef[1] * t.attn_flop / t.attn_flops * 1e9:.3f} ms per M "
-          f"token pairs, R2 {r2:.3f}, rms {np.sqrt(np.mean((y[keep] - pred) ** 2)):.1f} ms; "
-          f"mfu {mfu:.3f}, attn_mfu {attn:.3f}", file=out)
+          f"token pairs, R2 {r2:.3f}, rms {rms:.1f} ms; mfu {mfu:.3f}, attn_mfu {attn:.3f}", file=out)
     return float(mfu), float(attn)
 
 

@@ -144,10 +144,10 @@ class StepTiming:
     def step_seconds(self, b: Batch) -> float:
         w = self.weight_bytes(b.num_tokens)
         kv = b.kv_read_tokens * self.kv_tok + b.ctx_tokens * self.index_tok
-        fl = self.flop_tok * b.num_tokens + self.attn_flop * b.attn_qk
-        b.flops, b.read_bytes, b.write_bytes = fl, w + kv, b.num_tokens * self.kv_tok
+        dense, attn = self.flop_tok * b.num_tokens, self.attn_flop * b.attn_qk
+        b.flops, b.read_bytes, b.write_bytes = dense + attn, w + kv, b.num_tokens * self.kv_tok
         t_mem = w / self.w_bw + kv / self.kv_bw
-        t_flop = self.flop_tok * b.num_tokens / self.flops + self.attn_flop * b.attn_qk / self.attn_flops
+        t_flop = dense / self.flops + attn / self.attn_flops
         t = max(t_mem, t_flop) + self.overhead + self.layer_overhead + b.num_seqs * self.per_seq
         t += self.ar_lat + self.ar_tok * b.num_tokens
         if self.k and b.num_decode:

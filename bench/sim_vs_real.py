@@ -25,8 +25,13 @@ judged against the group, not one run: within [group min x (1 - bound), group ma
 (`group_window`). Beside each figure the group's real range and spread ((max - min) / median) are
 printed. A run alone in its group is judged as before (within +-bound of it).
 
+With `--hits recorded` the small-pool runs keep the simulated cache and tier but each request
+finds exactly the hit its real run recorded (sim_calibration.replay `recorded_hits`): the timing
+model judged on its own, apart from the tier's hit decision, which on these runs' pool swings
+by tens of points with a few percent of tier size (docs/simulator.md).
+
 Run: .venv/bin/python bench/sim_vs_real.py [--runs base,spec32] [--profile PATH] [--set FIELD=VALUE]
-     [--replays N [--jitter-ms J]]
+     [--hits tier|recorded] [--replays N [--jitter-ms J]]
 """
 from __future__ import annotations
 
@@ -173,6 +178,9 @@ def main() -> None:
                     help="override a SimConfig field for every run (YAML value), e.g. reserve_full_isl=false")
     ap.add_argument("--replays", type=int, default=1,
                     help="replays per run: the first at the recorded send times, the others jittered")
+    ap.add_argument("--hits", choices=("tier", "recorded"), default="tier",
+                    help="runs on a small pool: hits decided by the simulated cache and tier (default), "
+                         "or each request's recorded hit imposed at its lookups (the timing alone)")
     ap.add_argument("--jitter-ms", type=float, default=2.0,
                     help="with --replays > 1: each send time moved by a seeded uniform +-J ms (default 2)")
     args = ap.parse_args()
@@ -208,8 +216,9 @@ def main() -> None:
         sims, bares = [], []
         for i in range(args.replays):
             sent = jittered(recs, args.jitter_ms, i)
-            sims.append(sim_figures(recs, summ, replay(cfg, sent, keys=ks)))
-            bares.append(sim_figures(recs, summ, replay(cfg, sent, NO_FRONT_END, keys=ks)))
+            rec = args.hits == "recorded"
+            sims.append(sim_figures(recs, summ, replay(cfg, sent, keys=ks, recorded_hits=rec)))
+            bares.append(sim_figures(recs, summ, replay(cfg, sent, NO_FRONT_END, keys=ks, recorded_hits=rec)))
         lanes = summ["config"]["conc"]
         if args.replays == 1:
             v = report(run.name, lanes, real, sims[0], bares[0], group=group)

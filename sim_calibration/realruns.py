@@ -61,12 +61,14 @@ def _files(folder: Path, prefix: str = "") -> tuple[Path, Path]:
 
 
 def runs(data: Path) -> list[RealRun]:
-    """Every run under data/h200-runs, h200-runs-2, -3, -5, -6 and -7 (READMEs there give the
+    """Every run under data/h200-runs, h200-runs-2, -3, -5, -6, -7 and -8 (READMEs there give the
     flags); offb-r1, offb-r2 (h200-runs-3), o32 (h200-runs-5), offbp, offbp2 (h200-runs-6) and
     offbp3 (h200-runs-7) repeat offb's configuration on the same server: one group. cap32
-    (h200-runs-6), cap32p and cap32p2 (h200-runs-7) are that pool without a connector: another."""
+    (h200-runs-6), cap32p and cap32p2 (h200-runs-7) are that pool without a connector: another.
+    off54, off68 and off75 (h200-runs-8) are offb's configuration with a 54, 68 and 75 GB tier."""
     a, b, c = data / "h200-runs", data / "h200-runs-2", data / "h200-runs-3"
     e, f, g = data / "h200-runs-5", data / "h200-runs-6", data / "h200-runs-7"
+    h = data / "h200-runs-8"
     out = [RealRun("base", *_files(a / "base"), {}, False),
            RealRun("spec", *_files(a / "spec"), {"spec_k": 3, "synthetic_al": 2.78}, False),
            RealRun("offA", *_files(a / "offA"), {}, True),
@@ -80,7 +82,10 @@ def runs(data: Path) -> list[RealRun]:
              for r in ("offbp", "offbp2")),
            RealRun("offbp3", *_files(g, "offbp3-"), _OFFLOAD, True, group="offb"),
            RealRun("cap32", *_files(f, "cap32-"), {}, True),
-           *(RealRun(r, *_files(g, f"{r}-"), {}, True, group="cap32") for r in ("cap32p", "cap32p2"))]
+           *(RealRun(r, *_files(g, f"{r}-"), {}, True, group="cap32") for r in ("cap32p", "cap32p2")),
+           # offb's configuration with other tier sizes (54, 68 and 75 GB): each alone
+           *(RealRun(f"off{gb}", *_files(h, f"off{gb}-"), {**_OFFLOAD, "offload_gb": float(gb)}, True)
+             for gb in (54, 68, 75))]
     return [r for r in out if r.requests.exists()]
 
 

@@ -24,7 +24,7 @@ from agentx.sim.timing import StepTiming
 
 
 def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
-           keys: dict[str, list[int]] | None = None) -> list[dict]:
+           keys: dict[str, list[int]] | None = None, recorded_hits: bool = False) -> list[dict]:
     """Modelled timings of every ok record, in record order (ms): ttft, tpot, e2e, frontend (time
     in the API server, waiting included), queue (engine core queued -> first scheduled), prefill
     (first scheduled -> first token), the chunk gaps `itl`, and `cached` prompt tokens as the real
@@ -34,7 +34,11 @@ def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
     `calib` overrides fields of the profile's calibration section (what the fits vary). Without
     `keys` each request gets exactly its recorded prefix hit (made resident just before it is
     queued); with `keys` (request_id -> block hashes, sim_calibration/realruns.py) the simulator's own KV
-    cache and offload tier decide the hits."""
+    cache and offload tier decide the hits, unless `recorded_hits`: then at each lookup before
+    its first token a request finds its recorded hit, no more and no less (`_impose_hit`), in the
+    tier when there is one, so loads, stores, evictions and preemptions still run as modelled and
+    only the hit decision is the real run's. That separates the timing model from the tier's
+    hit decision, which at 32 lanes on this pool is chaotic (docs/simulator.md)."""
     built = build_engine(cfg.model_copy(update={"time_scale": 1.0, "fixed_ttft_ms": None,
                                                 "fixed_itl_ms": None}))
     eng, bs = built.engine, built.res.block_size
@@ -46,6 +50,9 @@ def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
     fe = frontend(cal)
     eng.use_virtual_clock()
     recs = [r for r in records if r.get("ok")]
+    if recorded_hits and keys is not None:
+        want = {str(i): (r["cached_tokens"] or 0) // bs for i, r in enumerate(recs)}  # by SimRequest.rid
+        eng.before_lookup = lambda req: _impose_hit(eng, req, want[req.rid])
     t0 = min(r["start_ns"] for r in recs)
     sessions: dict[str, int] = {}
     todo = []
@@ -112,6 +119,20 @@ def timing_with(built, calib: dict) -> StepTiming:
     prof = prof.model_copy(update={"calibration": prof.calibration.model_copy(update=calib)})
     return StepTiming(dataclasses.replace(built.res, profile=prof), built.cfg.spec_k,
                       offload=built.cfg.kv_offload)
+
+
+def _impose_hit(eng, req: SimRequest, hit: int | None) -> None:
+    """Before `req`'s lookup (until its first token, as vLLM 0.24 reports the hit of the latest
+    admission): its first `hit` blocks in the tier (or still on the GPU) and the next one nowhere,
+    so the lookup finds exactly the recorded hit."""
+    if hit is None or req.num_out:
+        return
+    hashes = req.block_hashes
+    cut = hashes[hit] if hit < len(hashes) else None
+    if eng.offload is not None:
+        eng.offload.impose(hashes[:hit], cut)
+    if cut is not None:
+        eng.pool.forget(cut)
 
 
 def _make_resident(pool, hashes: list[int]) -> None:

@@ -18,8 +18,10 @@ BS = 16
 def test_walk_holds_blocks_until_their_copy_completes_then_frees_them_to_the_tail():
     """10 cached free blocks (queue 9..0), a walk of 4 per step, each copy 1 s per 4 blocks on
     one stream: free blocks drop by what each walk touched while copies are in flight, nothing is
-    a tier hit before its copy ends, and a completed store comes back at the tail in walk order
-    after the next schedule's walk (asynchronous scheduling)."""
+    a tier hit before its copy ends, a finished copy is seen by the next step's poll and reported
+    in that step's output, and a reported store comes back at the tail in walk order after the
+    following schedule's walk (asynchronous scheduling): 4 schedules after its own walk, as the
+    H200's probe saw for most stores (tests/data/h200-runs-7 and -8, `store_held`)."""
     pool = BlockPool(10, BS)
     hashes = list(range(100, 110))
     blocks = pool.allocate(10)
@@ -29,21 +31,25 @@ def test_walk_holds_blocks_until_their_copy_completes_then_frees_them_to_the_tai
     tier = OffloadTier(100, BS, eager=False, walk_target=4, store_seconds=lambda tokens: tokens / 64)
     assert pool.free_blocks() == [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]
 
-    tier.walk(pool)  # step 1
+    tier.walk(pool)  # schedule 1
     assert pool.num_free == 6 and pool.free_blocks() == [5, 4, 3, 2, 1, 0]
     tier.launch(end=0.0)  # copy of 4 blocks: 0.0 .. 1.0
     assert tier.match(hashes[::-1], 10) == 0
-    tier.walk(pool)  # step 2: the cursor (block 6) is held, so the walk restarts at the head
+    tier.walk(pool)  # schedule 2: the cursor (block 6) is held, so the walk restarts at the head
     tier.release_completed(pool)
     assert pool.num_free == 2
     tier.launch(end=0.5)  # queued behind the first: 1.0 .. 2.0
-    tier.walk(pool)  # step 3
+    tier.walk(pool)  # schedule 3
     tier.release_completed(pool)
     assert pool.num_free == 0 and tier.held_blocks == 10
-    tier.launch(end=1.0)  # the first copy is done by now: reported, not freed yet
+    tier.launch(end=1.0)  # the first copy is done: the next step's poll sees it
+    assert not tier._reported and tier.completed
+    tier.walk(pool)  # schedule 4: nothing free to walk
+    tier.release_completed(pool)  # nothing reported yet: the poll's step has not run
     assert pool.num_free == 0 and tier.match([109, 108, 107, 106], 4) == 0
-    tier.walk(pool)  # step 4: nothing free to walk
-    tier.release_completed(pool)  # step 3's output: the first store completes
+    tier.launch(end=1.5)  # step 4 ran: its output reports the first copy
+    tier.walk(pool)  # schedule 5
+    tier.release_completed(pool)  # step 4's output: the first store completes
     assert pool.free_blocks() == [9, 8, 7, 6]
     assert tier.match([109, 108, 107, 106, 105], 5) == 4 and tier.stored_blocks == 4
     tier.walk(pool)  # the stored blocks are covered, not touched again

@@ -21,7 +21,8 @@ def test_runs_found_from_any_working_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert {r.name for r in runs(DATA)} == {"base", "spec", "offA", "offB", "spec32", "offb",
                                            "offb-r1", "offb-r2", "o32", "offbp", "offbp2",
-                                           "offbp3", "cap32", "cap32p", "cap32p2"}
+                                           "offbp3", "cap32", "cap32p", "cap32p2", "off54", "off68",
+                                           "off75"}
 
 
 def test_jitter_is_seeded_bounded_and_leaves_replay_0_alone():
@@ -63,10 +64,13 @@ def test_simple_cpu_offload_runs_are_replayed_with_vllm_024s_lazy_walk():
     copied (sim/offload.py `OffloadTier.walk`); the replay models that, the other runs have no tier."""
     off = [r for r in runs(DATA) if r.server.get("kv_offload") == "simple-cpu"]
     assert {r.name for r in off} == {"offB", "offb", "offb-r1", "offb-r2", "o32", "offbp", "offbp2",
-                                     "offbp3"}
+                                     "offbp3", "off54", "off68", "off75"}
     for r in off:
         cfg = r.load()[0]
         assert cfg.offload_store_walk and cfg.offload_store == "lazy"
+        # the tier the server had: its cpu_bytes (h200-runs-8 README) in GB, 60 GiB for the rest
+        gb = {"off54": 54.0, "off68": 68.0, "off75": 75.0}.get(r.name, 64.424509440)
+        assert cfg.offload_gb == pytest.approx(gb)
 
 
 def test_group_rule_widens_the_bound_by_the_real_spread():
@@ -111,3 +115,22 @@ def test_cli_judges_a_run_against_its_group():
         ok = svr.within_group(float(sim.replace(",", "")), vals, svr.BOUNDS[q])
         assert verdict.startswith("ok" if ok else "OUT"), (label, sim, vals)
     assert "| offb-r2 | offb | 32 |" in out
+
+
+def test_recorded_hits_give_every_request_exactly_its_real_hit():
+    """`replay(..., recorded_hits=True)` keeps the simulated cache and tier but makes each lookup
+    find the hit the real run recorded: every request's reported hit (vLLM 0.24's: the latest
+    admission before the first token) is its record's, while the tier's own decision differs."""
+    from agentx.trace.load import load_traces
+    from sim_calibration.realruns import keys
+    from sim_calibration.replay import replay
+
+    run = next(r for r in runs(DATA) if r.name == "off68")
+    cfg, recs, summ = run.load()
+    ks = keys(recs, summ, 16, load_traces(summ["config"]["trace"]))
+    ok = [r for r in recs if r.get("ok")]
+    imposed = replay(cfg, recs, keys=ks, recorded_hits=True)
+    assert [s["cached"] for s in imposed] == [r["cached_tokens"] for r in ok]
+    assert sum(r["cached_tokens"] for r in ok) > 0
+    decided = replay(cfg, recs, keys=ks)
+    assert [s["cached"] for s in decided] != [r["cached_tokens"] for r in ok]

@@ -161,6 +161,13 @@ class BlockPool:
                 else:
                     link(b, prv[tail], tail)  # the back
 
+    def forget(self, h: int) -> None:
+        """Drop one content from the prefix cache (vLLM `BlockPool.evict_blocks`): its block
+        keeps its data and references but no longer matches a lookup."""
+        b = self.cached.pop(h, None)
+        if b is not None:
+            self.bhash[b] = None
+
     def reset(self) -> None:
         """Forget every cached block that is not in use (vLLM's /reset_prefix_cache)."""
         for b in self.free_blocks():

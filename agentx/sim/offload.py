@@ -86,18 +86,19 @@ class OffloadTier:
         self.reserved = 0  # CPU blocks taken by stores in flight (not hits yet)
         self._walked: _Store | None = None  # this step's store, launched when the step ends
         self.inflight: deque[_Store] = deque()  # launched, FIFO on one store stream
-        self._reported: list[_Store] = []  # complete, freed after the next schedule
+        self._polled: list[_Store] = []  # complete, seen by the next step's poll
+        self._reported: list[_Store] = []  # in a step's output: freed after the next schedule
         self.stream_free = 0.0  # when the store stream finishes what it was given
 
     @property
     def completed(self) -> bool:
-        """Stores reported complete whose blocks the next schedule frees."""
-        return bool(self._reported)
+        """Stores complete that the next schedules free (a step to report them, if idle)."""
+        return bool(self._reported or self._polled)
 
     @property
     def held_blocks(self) -> int:
         """GPU blocks out of the free queue while their store is in flight."""
-        held = sum(len(s.blocks) for s in (*self.inflight, *self._reported))
+        held = sum(len(s.blocks) for s in (*self.inflight, *self._polled, *self._reported))
         return held + (len(self._walked.blocks) if self._walked else 0)
 
     def store(self, h: int) -> None:
@@ -180,9 +181,17 @@ class OffloadTier:
     def launch(self, end: float, scale: float = 1.0) -> None:
         """A step's compute ended at `end`: its store is copied on the store stream after it
         (worker.py `get_finished` launches it after the model runs, ordered after a
-        compute-done event; one low-priority stream, FIFO), then every copy finished by `end`
-        is reported complete (`_poll_stream_events`: a high-water mark, in order). Times are
-        the engine clock's; copy durations are divided by `scale` as step durations are."""
+        compute-done event; one low-priority stream, FIFO). The worker polls the copies
+        (`_poll_stream_events`: a high-water mark, in order) in `get_finished` as the next step
+        is launched, so every copy finished by `end` is seen by the next step's poll and
+        reported in that step's output; the copies the poll of the step that just ended saw
+        are reported now (`release_completed` frees them after the next schedule). So a store
+        walked at schedule k is freed after schedule k + 3 at the earliest: on the H200
+        (tests/data/h200-runs-7 and -8, the probe's `store_held`) 3 to 5 schedules after its
+        walk, 4 for most. Times are the engine clock's; copy durations are divided by `scale`
+        as step durations are."""
+        self._reported += self._polled
+        self._polled = []
         s, self._walked = self._walked, None
         if s is not None:
             start = max(end, self.stream_free)
@@ -191,7 +200,7 @@ class OffloadTier:
             self.inflight.append(s)
         q = self.inflight
         while q and q[0].done <= end:
-            self._reported.append(q.popleft())
+            self._polled.append(q.popleft())
 
     def flush_wait(self, start: float) -> float:
         """Seconds a step starting at `start` waits because the schedule preempted a request:
@@ -200,7 +209,7 @@ class OffloadTier:
         return max(0.0, self.stream_free - start) if self.inflight else 0.0
 
     def release_completed(self, pool: "BlockPool") -> None:
-        """Stores reported by the previous step become CPU hits and their GPU blocks are
+        """Stores reported in the previous step's output become CPU hits and their GPU blocks are
         freed to the free queue's tail in walk order (`_process_store_completion`; a reset
         store only frees them, `_release_transfer_refs`). With asynchronous scheduling (on in
         the H200 runs) a step's output is processed after the next step is scheduled, so this
@@ -246,6 +255,17 @@ class OffloadTier:
             else:
                 del pins[h]
 
+    def impose(self, hashes: Sequence[int], absent: int | None) -> None:
+        """Make `hashes` present (most recently used; least recently used unpinned blocks make
+        room) and `absent` not: a replay's way to give a request the hit a real run recorded."""
+        new = [h for h in hashes if h not in self.blocks]
+        self._make_room(len(new))
+        for h in hashes:
+            self.blocks[h] = None
+            self.blocks.move_to_end(h)
+        if absent is not None and absent not in self.pins:
+            self.blocks.pop(absent, None)
+
     def load(self, hashes: Sequence[int]) -> None:
         """Account a CPU->GPU copy of these blocks."""
         self.loaded_blocks += len(hashes)
@@ -253,7 +273,8 @@ class OffloadTier:
     def reset(self) -> None:
         """Forget every block no load is reading (/reset_prefix_cache); stores in flight will
         not become hits, and the walk starts again from the head (manager.py `reset`)."""
-        for s in (*self.inflight, *self._reported, *([self._walked] if self._walked else [])):
+        for s in (*self.inflight, *self._polled, *self._reported,
+                  *([self._walked] if self._walked else [])):
             s.abandoned = True
         self.cursor = None
         for h in [b for b in self.blocks if b not in self.pins]:

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
 from .kvcache import BlockPool
 from .offload import OffloadTier
@@ -86,6 +87,9 @@ class Scheduler:
         self._link_free = 0.0
         # where request timestamps come from: the wall clock when serving, a virtual clock offline
         self.now_ns = time.perf_counter_ns
+        # called with each request before its prefix lookup; sim_calibration's replay sets it to
+        # give a real run's requests their recorded hits (`replay(..., recorded_hits=True)`)
+        self.before_lookup: Callable[[SimRequest], None] | None = None
 
     def _schedule(self, now: float) -> Batch:
         budget = self.max_batched
@@ -220,6 +224,8 @@ class Scheduler:
         False (nothing taken but the tier pin, which vLLM keeps until the request's next lookup)
         when the whole sequence (with `full_isl`; else the hits plus this step's chunk), or a
         load's blocks past the reservation, do not fit now."""
+        if self.before_lookup is not None:
+            self.before_lookup(req)
         pool, bs, offload = self.pool, self.bs, self.offload
         hashes = req.block_hashes
         limit = (req.target_len - 1) // bs

@@ -65,7 +65,8 @@ def runs(data: Path) -> list[RealRun]:
     flags); offb-r1, offb-r2 (h200-runs-3), o32 (h200-runs-5), offbp, offbp2 (h200-runs-6) and
     offbp3 (h200-runs-7) repeat offb's configuration on the same server: one group. cap32
     (h200-runs-6), cap32p and cap32p2 (h200-runs-7) are that pool without a connector: another.
-    off54, off68 and off75 (h200-runs-8) are offb's configuration with a 54, 68 and 75 GB tier."""
+    off54, off68 and off75 (h200-runs-8) are offb's configuration with a 54, 68 and 75 GB tier;
+    off68b repeats off68 (a group of two)."""
     a, b, c = data / "h200-runs", data / "h200-runs-2", data / "h200-runs-3"
     e, f, g = data / "h200-runs-5", data / "h200-runs-6", data / "h200-runs-7"
     h = data / "h200-runs-8"
@@ -83,9 +84,9 @@ def runs(data: Path) -> list[RealRun]:
            RealRun("offbp3", *_files(g, "offbp3-"), _OFFLOAD, True, group="offb"),
            RealRun("cap32", *_files(f, "cap32-"), {}, True),
            *(RealRun(r, *_files(g, f"{r}-"), {}, True, group="cap32") for r in ("cap32p", "cap32p2")),
-           # offb's configuration with other tier sizes (54, 68 and 75 GB): each alone
-           *(RealRun(f"off{gb}", *_files(h, f"off{gb}-"), {**_OFFLOAD, "offload_gb": float(gb)}, True)
-             for gb in (54, 68, 75))]
+           # offb's configuration with other tier sizes (54, 68 and 75 GB); off68b repeats off68
+           *(RealRun(name, *_files(h, f"{name}-"), {**_OFFLOAD, "offload_gb": gb}, True, group=f"off{gb:.0f}")
+             for name, gb in (("off54", 54.0), ("off68", 68.0), ("off68b", 68.0), ("off75", 75.0)))]
     return [r for r in out if r.requests.exists()]
 
 

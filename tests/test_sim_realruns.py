@@ -22,7 +22,7 @@ def test_runs_found_from_any_working_directory(tmp_path, monkeypatch):
     assert {r.name for r in runs(DATA)} == {"base", "spec", "offA", "offB", "spec32", "offb",
                                            "offb-r1", "offb-r2", "o32", "offbp", "offbp2",
                                            "offbp3", "cap32", "cap32p", "cap32p2", "off54", "off68",
-                                           "off75"}
+                                           "off68b", "off75"}
 
 
 def test_jitter_is_seeded_bounded_and_leaves_replay_0_alone():
@@ -56,6 +56,7 @@ def test_offb_repeats_are_one_group():
     assert {n for n, g in groups.items() if g == "offb"} == {"offb", "offb-r1", "offb-r2", "o32",
                                                              "offbp", "offbp2", "offbp3"}
     assert {n for n, g in groups.items() if g == "cap32"} == {"cap32", "cap32p", "cap32p2"}
+    assert {n for n, g in groups.items() if g == "off68"} == {"off68", "off68b"}
     assert len({groups[n] for n in ("base", "spec", "offA", "offB", "spec32", "offb", "cap32")}) == 7
 
 
@@ -64,12 +65,12 @@ def test_simple_cpu_offload_runs_are_replayed_with_vllm_024s_lazy_walk():
     copied (sim/offload.py `OffloadTier.walk`); the replay models that, the other runs have no tier."""
     off = [r for r in runs(DATA) if r.server.get("kv_offload") == "simple-cpu"]
     assert {r.name for r in off} == {"offB", "offb", "offb-r1", "offb-r2", "o32", "offbp", "offbp2",
-                                     "offbp3", "off54", "off68", "off75"}
+                                     "offbp3", "off54", "off68", "off68b", "off75"}
     for r in off:
         cfg = r.load()[0]
         assert cfg.offload_store_walk and cfg.offload_store == "lazy"
         # the tier the server had: its cpu_bytes (h200-runs-8 README) in GB, 60 GiB for the rest
-        gb = {"off54": 54.0, "off68": 68.0, "off75": 75.0}.get(r.name, 64.424509440)
+        gb = {"off54": 54.0, "off68": 68.0, "off68b": 68.0, "off75": 75.0}.get(r.name, 64.424509440)
         assert cfg.offload_gb == pytest.approx(gb)
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Every real H200 run under tests/data (h200-runs, h200-runs-2 ... -8) against the simulator.
+"""Every real H200 run under tests/data (h200-runs, h200-runs-2 ... -9) against the simulator.
 
 Each run's requests (recorded send times, prompt sizes, output lengths) are replayed through the
 simulator's engine and its API-server front end on a virtual clock (sim_calibration.replay), with the
@@ -19,8 +19,9 @@ printed per figure are the median over the replays, its error, and the range of 
 bounds are judged on the median, and each run's line says how many replays were within them.
 
 The group rule: real runs of one configuration (realruns.RealRun.group: offb, offb-r1, offb-r2,
-o32, offbp, offbp2, offbp3; cap32, cap32p, cap32p2; off68, off68b) differ from each other by as
-much as a bound or more (the offb group's TTFT p50 8.3-11.3 s, off68's 5.0-11.3 s), so a simulated figure is
+o32, offbp, offbp2, offbp3, offbp4; cap32, cap32p, cap32p2; off54, off54b, off54c; off68, off68b,
+off68c; off75, off75b) differ from each other by as much as a bound or more (the offb group's TTFT
+p50 8.3-11.3 s, off68's 5.0-11.3 s), so a simulated figure is
 judged against the group, not one run: within [group min x (1 - bound), group max x (1 + bound)]
 (`group_window`). Beside each figure the group's real range and spread ((max - min) / median) are
 printed. A run alone in its group is judged as before (within +-bound of it).

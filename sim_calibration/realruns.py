@@ -66,10 +66,11 @@ def runs(data: Path) -> list[RealRun]:
     offbp3 (h200-runs-7) repeat offb's configuration on the same server: one group. cap32
     (h200-runs-6), cap32p and cap32p2 (h200-runs-7) are that pool without a connector: another.
     off54, off68 and off75 (h200-runs-8) are offb's configuration with a 54, 68 and 75 GB tier;
-    off68b repeats off68 (a group of two)."""
+    off68b repeats off68; h200-runs-9 repeats offb (offbp4), off54 (off54b, off54c), off68 (off68c)
+    and off75 (off75b), so each tier size is a group: off54 and off68 of three, off75 of two."""
     a, b, c = data / "h200-runs", data / "h200-runs-2", data / "h200-runs-3"
     e, f, g = data / "h200-runs-5", data / "h200-runs-6", data / "h200-runs-7"
-    h = data / "h200-runs-8"
+    h, i = data / "h200-runs-8", data / "h200-runs-9"
     out = [RealRun("base", *_files(a / "base"), {}, False),
            RealRun("spec", *_files(a / "spec"), {"spec_k": 3, "synthetic_al": 2.78}, False),
            RealRun("offA", *_files(a / "offA"), {}, True),
@@ -82,11 +83,14 @@ def runs(data: Path) -> list[RealRun]:
            *(RealRun(r, *_files(f, f"{r}-"), _OFFLOAD, True, group="offb")
              for r in ("offbp", "offbp2")),
            RealRun("offbp3", *_files(g, "offbp3-"), _OFFLOAD, True, group="offb"),
+           RealRun("offbp4", *_files(i, "offbp4-"), _OFFLOAD, True, group="offb"),
            RealRun("cap32", *_files(f, "cap32-"), {}, True),
            *(RealRun(r, *_files(g, f"{r}-"), {}, True, group="cap32") for r in ("cap32p", "cap32p2")),
-           # offb's configuration with other tier sizes (54, 68 and 75 GB); off68b repeats off68
-           *(RealRun(name, *_files(h, f"{name}-"), {**_OFFLOAD, "offload_gb": gb}, True, group=f"off{gb:.0f}")
-             for name, gb in (("off54", 54.0), ("off68", 68.0), ("off68b", 68.0), ("off75", 75.0)))]
+           # offb's configuration with other tier sizes (54, 68 and 75 GB), each with its repeats
+           *(RealRun(name, *_files(d, f"{name}-"), {**_OFFLOAD, "offload_gb": gb}, True, group=f"off{gb:.0f}")
+             for d, name, gb in ((h, "off54", 54.0), (i, "off54b", 54.0), (i, "off54c", 54.0),
+                                 (h, "off68", 68.0), (h, "off68b", 68.0), (i, "off68c", 68.0),
+                                 (h, "off75", 75.0), (i, "off75b", 75.0)))]
     return [r for r in out if r.requests.exists()]
 
 

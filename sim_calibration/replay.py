@@ -24,7 +24,8 @@ from agentx.sim.timing import StepTiming
 
 
 def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
-           keys: dict[str, list[int]] | None = None, recorded_hits: bool = False) -> list[dict]:
+           keys: dict[str, list[int]] | None = None, recorded_hits: bool = False,
+           stats: dict | None = None) -> list[dict]:
     """Modelled timings of every ok record, in record order (ms): ttft, tpot, e2e, frontend (time
     in the API server, waiting included), queue (engine core queued -> first scheduled), prefill
     (first scheduled -> first token), the chunk gaps `itl`, and `cached` prompt tokens as the real
@@ -38,7 +39,10 @@ def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
     its first token a request finds its recorded hit, no more and no less (`_impose_hit`), in the
     tier when there is one, so loads, stores, evictions and preemptions still run as modelled and
     only the hit decision is the real run's. That separates the timing model from the tier's
-    hit decision, which at 32 lanes on this pool is chaotic (docs/simulator.md)."""
+    hit decision, which at 32 lanes on this pool is chaotic (docs/simulator.md).
+
+    `stats`, if given, gets the tier's block totals at the end: `stored`, `loaded`, `cpu_evicted`,
+    `gpu_evicted` and `gpu_evicted_unstored` (what bench/stepprobe counts on a real server)."""
     built = build_engine(cfg.model_copy(update={"time_scale": 1.0, "fixed_ttft_ms": None,
                                                 "fixed_itl_ms": None}))
     eng, bs = built.engine, built.res.block_size
@@ -98,6 +102,10 @@ def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
         if not later:
             break
         eng.virtual_ns = max(eng.virtual_ns, int(min(later) * 1e9) + 1)
+    if stats is not None and eng.offload is not None:
+        t = eng.offload
+        stats.update(stored=t.stored_blocks, loaded=t.loaded_blocks, cpu_evicted=t.evicted_blocks,
+                     gpu_evicted=t.gpu_evicted, gpu_evicted_unstored=t.gpu_evicted_unstored)
     out = []
     for _, _, q in sorted(todo, key=lambda x: int(x[2].rid)):
         first, last = q.first_token_ns - q.arrival_ns, q.last_token_ns - q.arrival_ns

@@ -121,3 +121,24 @@ def test_switch_wires_the_target_and_the_measured_store_rate():
     assert b.engine.offload.walk_target == 2 * -(-b.res.max_num_batched_tokens // b.res.block_size)
     gbps = b.res.profile.calibration.offload_store_gbps["simple-cpu"]
     assert b.timing.store_seconds(1000) == 1000 * b.timing.kv_tok / (gbps * 1e9)
+
+
+def test_allocator_taking_blocks_the_walk_has_not_reached_counts_them_lost():
+    """A cached GPU block the allocator takes before any walk stored it is gone from both tiers
+    (what bench/stepprobe counts as `gpu_evicted_unstored` on the real server); one the walk
+    stored first is only gone from the GPU."""
+    pool = BlockPool(6, BS)
+    tier = OffloadTier(100, BS, eager=False, walk_target=2, store_seconds=lambda tokens: 0.0)
+    pool.on_evict = tier.on_gpu_evict
+    blocks = pool.allocate(6)
+    for b, h in zip(blocks, range(200, 206)):
+        pool.commit(b, h)
+    pool.release(blocks)  # queue 5, 4, ..., 0: hashes 205 .. 200
+    tier.walk(pool)  # stores blocks 5 and 4 (hashes 205, 204)
+    for end in (0.0, 0.0, 0.0):  # polled, reported, then freed after the next schedule
+        tier.launch(end=end)
+    tier.release_completed(pool)
+    assert tier.match([205], 1) == 1 and tier.match([204], 1) == 1
+    assert pool.free_blocks() == [3, 2, 1, 0, 5, 4]
+    pool.allocate(5)  # takes 3, 2, 1, 0 (never walked) and 5 (stored)
+    assert (tier.gpu_evicted, tier.gpu_evicted_unstored) == (5, 4)

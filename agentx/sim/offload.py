@@ -79,6 +79,8 @@ class OffloadTier:
         self.stored_blocks = 0  # cumulative GPU->CPU block copies
         self.loaded_blocks = 0  # cumulative CPU->GPU block copies
         self.evicted_blocks = 0
+        self.gpu_evicted = 0  # hashed GPU blocks the allocator took (their content dropped)
+        self.gpu_evicted_unstored = 0  # ... of which the tier held no copy: lost to both tiers
         # lazy store as vLLM 0.24 does it (`walk_target` > 0, lazy only): see `walk`
         self.walk_target = walk_target if not eager else 0
         self.store_seconds = store_seconds  # GPU->CPU copy time of n tokens
@@ -123,7 +125,11 @@ class OffloadTier:
 
     def on_gpu_evict(self, h: int) -> None:
         """BlockPool eviction listener: the lazy store path when it is modelled as a free,
-        instant store on eviction (`walk_target` 0)."""
+        instant store on eviction (`walk_target` 0). Also counts the GPU evictions, and those
+        of blocks the tier holds no copy of (a walk that did not reach them in time)."""
+        self.gpu_evicted += 1
+        if h not in self.blocks:
+            self.gpu_evicted_unstored += 1
         if not self.eager and not self.walk_target:
             self.store(h)
 

@@ -21,9 +21,14 @@ With the scheduler's state (what the simulator has to reproduce under a full poo
 also carries, after the schedule: the free GPU blocks (`free`), the running requests, those waiting
 for a connector's load (`remote`), the requests preempted (`preempted`) and, for SimpleCPUOffload,
 the GPU blocks held by stores and loads in flight (`store_held`, `load_held`), the loads pending and
-the free CPU blocks; the new and resumed request ids. Event rows (`ev`) mark each request's arrival
-(`add`), each preemption (with the tokens it had computed), each load the connector set up (its
-blocks) and saw finish (`loaded`), and each request freed (with its preemptions).
+the free CPU blocks; the new and resumed request ids. Per step, counted as they happen
+(SimpleCPUOffload): the cached blocks the GPU pool's allocator evicted (`gpu_evicted`) and of those
+the ones the CPU tier held no copy of (`gpu_evicted_unstored`: a lazy walk that did not reach them
+in time; their content is gone from both tiers), the cached blocks the CPU pool evicted for new
+stores (`cpu_evicted`), and the lazy walks that started from the free queue's head (`walk_head`: no
+cursor, or it was taken). Event rows (`ev`) mark each request's arrival (`add`), each preemption
+(with the tokens it had computed), each load the connector set up (its blocks) and saw finish
+(`loaded`), and each request freed (with its preemptions).
 
 Rows go to AGENTX_STEPLOG/steps-<pid>.jsonl, flushed every second by a daemon thread. Nothing here
 raises into vLLM: a probe that fails only stops probing. Without AGENTX_STEPLOG it does nothing.
@@ -122,6 +127,7 @@ class _Log:
 
 
 LOG: _Log | None = None
+_MGR = None  # the SimpleCPUOffload scheduler-side manager, once it binds the GPU pool
 
 
 def _timed(cls, name: str, record) -> None:
@@ -270,9 +276,48 @@ def _patch_offload_manager(mod) -> None:
             LOG.event({"ev": "load", "req": request.request_id,
                        "blocks": len(state.transfer_meta.gpu_block_ids), "ext": args[3]})
     _timed(mod.SimpleCPUOffloadScheduler, "update_state_after_alloc", alloc)
+    _before(mod.SimpleCPUOffloadScheduler, "bind_gpu_block_pool", _bind)
+    _before(mod.SimpleCPUOffloadScheduler, "_prepare_lazy_store_specs", _walk_start)
     _before(mod.SimpleCPUOffloadScheduler, "update_connector_output",
             lambda self, output, *a, **k: [LOG.event({"ev": "loaded", "req": r})
                                            for r in (output.finished_recving or ())])
+
+
+def _count(key: str) -> None:
+    LOG.moves[key] = LOG.moves.get(key, 0) + 1
+
+
+def _evicting(pool, block) -> None:
+    """Before a BlockPool drops a block's hash for reuse: which tier it is, and whether the CPU
+    tier holds a copy of a GPU block's content (vLLM 0.24 `_maybe_evict_cached_block`)."""
+    mgr = _MGR
+    bhash = block.block_hash
+    if mgr is None or bhash is None:
+        return
+    cpu = mgr.cpu_block_pool
+    if pool is mgr._gpu_block_pool:
+        if pool.cached_block_hash_to_block.get_one_block(bhash) is None:
+            return  # not cached: nothing is evicted
+        _count("gpu_evicted")
+        if cpu.cached_block_hash_to_block.get_one_block(bhash) is None:
+            _count("gpu_evicted_unstored")
+    elif pool is cpu and cpu.cached_block_hash_to_block.get_one_block(bhash) is not None:
+        _count("cpu_evicted")
+
+
+def _patch_block_pool(mod) -> None:
+    _before(mod.BlockPool, "_maybe_evict_cached_block", _evicting)
+
+
+def _bind(mgr, *a, **k) -> None:
+    global _MGR
+    _MGR = mgr
+
+
+def _walk_start(mgr, *a, **k) -> None:
+    cur = mgr._cursor
+    if cur is None or cur.ref_cnt > 0:
+        _count("walk_head")
 
 
 def _patch_runner(mod) -> None:
@@ -292,6 +337,7 @@ def _patch_connector(cls_name: str):
 _PATCHES = {"vllm.v1.engine.core": _patch_core, "vllm.v1.core.sched.scheduler": _patch_scheduler,
             "vllm.v1.worker.gpu_model_runner": _patch_runner,
             "vllm.v1.simple_kv_offload.manager": _patch_offload_manager,
+            "vllm.v1.core.block_pool": _patch_block_pool,
             **{m: _patch_connector(c) for m, c in _CONNECTORS.items()}}
 
 

@@ -13,19 +13,21 @@ every real run under tests/data with it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 from agentx.distribution import dist
 from agentx.rundir import RunDir, read_jsonl
 from agentx.sim.build import build_engine, frontend
 from agentx.sim.config import SimConfig
+from agentx.sim.engine import SimEngine
 from agentx.sim.request import SimRequest
 from agentx.sim.timing import StepTiming
 
 
 def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
            keys: dict[str, list[int]] | None = None, recorded_hits: bool = False,
-           stats: dict | None = None) -> list[dict]:
+           stats: dict | None = None, setup: Callable[[SimEngine], None] | None = None) -> list[dict]:
     """Modelled timings of every ok record, in record order (ms): ttft, tpot, e2e, frontend (time
     in the API server, waiting included), queue (engine core queued -> first scheduled), prefill
     (first scheduled -> first token), the chunk gaps `itl`, and `cached` prompt tokens as the real
@@ -42,7 +44,9 @@ def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
     hit decision, which at 32 lanes on this pool is chaotic (docs/simulator.md).
 
     `stats`, if given, gets the tier's block totals at the end: `stored`, `loaded`, `cpu_evicted`,
-    `gpu_evicted` and `gpu_evicted_unstored` (what bench/stepprobe counts on a real server)."""
+    `gpu_evicted` and `gpu_evicted_unstored` (what bench/stepprobe counts on a real server).
+    `setup`, if given, is called with the engine before the first request (bench/tier_breaks.py
+    follows the tier's content with it)."""
     built = build_engine(cfg.model_copy(update={"time_scale": 1.0, "fixed_ttft_ms": None,
                                                 "fixed_itl_ms": None}))
     eng, bs = built.engine, built.res.block_size
@@ -54,6 +58,8 @@ def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
     fe = frontend(cal)
     eng.use_virtual_clock()
     recs = [r for r in records if r.get("ok")]
+    if setup is not None:
+        setup(eng)
     if recorded_hits and keys is not None:
         want = {str(i): (r["cached_tokens"] or 0) // bs for i, r in enumerate(recs)}  # by SimRequest.rid
         eng.before_lookup = lambda req: _impose_hit(eng, req, want[req.rid])

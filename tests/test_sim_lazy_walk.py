@@ -126,15 +126,18 @@ def test_switch_wires_the_target_and_the_measured_store_rate():
 def test_allocator_taking_blocks_the_walk_has_not_reached_counts_them_lost():
     """A cached GPU block the allocator takes before any walk stored it is gone from both tiers
     (what bench/stepprobe counts as `gpu_evicted_unstored` on the real server); one the walk
-    stored first is only gone from the GPU."""
+    stored first is only gone from the GPU. With `fates` the tier records the last thing done to
+    each content: walked, stored, evicted from the GPU without a copy, evicted from the tier."""
     pool = BlockPool(6, BS)
-    tier = OffloadTier(100, BS, eager=False, walk_target=2, store_seconds=lambda tokens: 0.0)
+    tier = OffloadTier(3, BS, eager=False, walk_target=2, store_seconds=lambda tokens: 0.0)
+    tier.fates = {}  # follow each block's content (bench/tier_breaks.py)
     pool.on_evict = tier.on_gpu_evict
     blocks = pool.allocate(6)
     for b, h in zip(blocks, range(200, 206)):
         pool.commit(b, h)
     pool.release(blocks)  # queue 5, 4, ..., 0: hashes 205 .. 200
     tier.walk(pool)  # stores blocks 5 and 4 (hashes 205, 204)
+    assert tier.fates == {205: "store in flight", 204: "store in flight"}
     for end in (0.0, 0.0, 0.0):  # polled, reported, then freed after the next schedule
         tier.launch(end=end)
     tier.release_completed(pool)
@@ -142,3 +145,6 @@ def test_allocator_taking_blocks_the_walk_has_not_reached_counts_them_lost():
     assert pool.free_blocks() == [3, 2, 1, 0, 5, 4]
     pool.allocate(5)  # takes 3, 2, 1, 0 (never walked) and 5 (stored)
     assert (tier.gpu_evicted, tier.gpu_evicted_unstored) == (5, 4)
+    tier.store_many([300, 301])  # a 3-block tier: its least recently stored (205) makes room
+    assert tier.fates == {**dict.fromkeys((203, 202, 201, 200), "gpu-evicted without a CPU copy"),
+                          205: "cpu-evicted", 204: "stored", 300: "stored", 301: "stored"}

@@ -167,3 +167,20 @@ def test_the_lazy_walk_loses_as_many_blocks_as_the_real_server():
     assert stats["gpu_evicted"] == pytest.approx(real["gpu_evicted"], rel=0.05)
     assert stats["gpu_evicted_unstored"] == pytest.approx(real["gpu_evicted_unstored"], rel=0.25)
     assert stats["stored"] == pytest.approx(real["store_blocks"], rel=0.2)
+
+
+def test_tier_breaks_counts_every_measured_request_of_a_replay():
+    """bench/tier_breaks.py on offbp4 (probed before AGENTX_STEPLOG_FATES existed): the real
+    columns say so, and the simulated ones classify each of the 105 measured requests' first
+    lookup once, most hits stopping at content no request had computed."""
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "tier_breaks.py"), "--runs", "offbp4"],
+                       capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    assert "### offbp4 (105 measured requests; simulated: one replay)" in p.stdout
+    rows = {c[0]: c[1:] for c in (_cells(p.stdout, label) for label in
+                                  ("new content", "cpu-evicted", "gpu-evicted without a CPU copy"))}
+    assert all(c[:2] == ["not recorded", "not recorded"] for c in rows.values())
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
+    sim = [[int(x) for x in ln.strip("|").split("|")[3:5]] for ln in lines]
+    assert sum(map(sum, sim)) == 105
+    assert rows["new content"][3] != "0" and int(rows["new content"][2]) == 0

@@ -81,6 +81,9 @@ class OffloadTier:
         self.evicted_blocks = 0
         self.gpu_evicted = 0  # hashed GPU blocks the allocator took (their content dropped)
         self.gpu_evicted_unstored = 0  # ... of which the tier held no copy: lost to both tiers
+        # hash -> the last thing done to its content, when a caller follows it (bench/tier_breaks.py;
+        # bench/stepprobe's AGENTX_STEPLOG_FATES on a real server): None = not followed
+        self.fates: dict[int, str] | None = None
         # lazy store as vLLM 0.24 does it (`walk_target` > 0, lazy only): see `walk`
         self.walk_target = walk_target if not eager else 0
         self.store_seconds = store_seconds  # GPU->CPU copy time of n tokens
@@ -122,6 +125,8 @@ class OffloadTier:
         for h in new:
             blocks[h] = None
         self.stored_blocks += len(new)
+        if self.fates is not None:
+            self.fates.update(dict.fromkeys(new, "stored"))
 
     def on_gpu_evict(self, h: int) -> None:
         """BlockPool eviction listener: the lazy store path when it is modelled as a free,
@@ -130,6 +135,8 @@ class OffloadTier:
         self.gpu_evicted += 1
         if h not in self.blocks:
             self.gpu_evicted_unstored += 1
+            if self.fates is not None:
+                self.fates[h] = "gpu-evicted without a CPU copy"
         if not self.eager and not self.walk_target:
             self.store(h)
 
@@ -167,6 +174,8 @@ class OffloadTier:
         self.reserved += len(out)
         pool.hold(out)
         self._walked = _Store(out, [bhash[b] for b in out])
+        if self.fates is not None:
+            self.fates.update(dict.fromkeys(self._walked.hashes, "store in flight"))
 
     def _make_room(self, n: int) -> None:
         """Evict least recently used unpinned tier blocks so `n` more CPU blocks are free."""
@@ -183,6 +192,8 @@ class OffloadTier:
         for b in victims:
             del blocks[b]
         self.evicted_blocks += len(victims)
+        if self.fates is not None:
+            self.fates.update(dict.fromkeys(victims, "cpu-evicted"))
 
     def launch(self, end: float, scale: float = 1.0) -> None:
         """A step's compute ended at `end`: its store is copied on the store stream after it
@@ -228,6 +239,8 @@ class OffloadTier:
                     blocks[h] = None
                     blocks.move_to_end(h)
                 self.stored_blocks += len(s.hashes)
+                if self.fates is not None:
+                    self.fates.update(dict.fromkeys(s.hashes, "stored"))
             pool.release(s.blocks, tail_first=False)
         self._reported.clear()
 

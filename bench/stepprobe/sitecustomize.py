@@ -30,6 +30,14 @@ cursor, or it was taken). Event rows (`ev`) mark each request's arrival (`add`),
 (with the tokens it had computed), each load the connector set up (its blocks) and saw finish
 (`loaded`), and each request freed (with its preemptions).
 
+With AGENTX_STEPLOG_FATES=1 as well, the probe follows each block's content (by its hash) through
+the tiers, the last thing that happened to it: walked (its store in flight), stored, evicted from
+the GPU without a CPU copy, evicted from the CPU; and each SimpleCPUOffload lookup writes a
+`lookup` event: the request, the tokens found on the GPU (`gpu`) and in the tier (`hit`), and
+`stop`, what became of the first block it did not find ("whole" when it found all it may).
+bench/tier_breaks.py counts them against the simulator's. It costs a dict of every hash seen
+(a few hundred thousand entries in a 150 s run).
+
 Rows go to AGENTX_STEPLOG/steps-<pid>.jsonl, flushed every second by a daemon thread. Nothing here
 raises into vLLM: a probe that fails only stops probing. Without AGENTX_STEPLOG it does nothing.
 """
@@ -128,6 +136,8 @@ class _Log:
 
 LOG: _Log | None = None
 _MGR = None  # the SimpleCPUOffload scheduler-side manager, once it binds the GPU pool
+# AGENTX_STEPLOG_FATES: block hash (without its group id) -> the last thing done to its content
+_FATES: dict | None = {} if os.environ.get("AGENTX_STEPLOG_FATES") == "1" else None
 
 
 def _timed(cls, name: str, record) -> None:
@@ -278,6 +288,10 @@ def _patch_offload_manager(mod) -> None:
     _timed(mod.SimpleCPUOffloadScheduler, "update_state_after_alloc", alloc)
     _before(mod.SimpleCPUOffloadScheduler, "bind_gpu_block_pool", _bind)
     _before(mod.SimpleCPUOffloadScheduler, "_prepare_lazy_store_specs", _walk_start)
+    if _FATES is not None:
+        _timed(mod.SimpleCPUOffloadScheduler, "build_connector_meta", _walked)
+        _before(mod.SimpleCPUOffloadScheduler, "_process_store_completion", _stored)
+        _timed(mod.SimpleCPUOffloadScheduler, "get_num_new_matched_tokens", _looked_up)
     _before(mod.SimpleCPUOffloadScheduler, "update_connector_output",
             lambda self, output, *a, **k: [LOG.event({"ev": "loaded", "req": r})
                                            for r in (output.finished_recving or ())])
@@ -301,8 +315,42 @@ def _evicting(pool, block) -> None:
         _count("gpu_evicted")
         if cpu.cached_block_hash_to_block.get_one_block(bhash) is None:
             _count("gpu_evicted_unstored")
+            _fate(bhash, "gpu-evicted without a CPU copy")
     elif pool is cpu and cpu.cached_block_hash_to_block.get_one_block(bhash) is not None:
         _count("cpu_evicted")
+        _fate(bhash, "cpu-evicted")
+
+
+def _fate(key, what: str) -> None:
+    """Record what happened to a block's content; `key` is a BlockHashWithGroupId (its last 4
+    bytes the group id, vllm/v1/core/kv_cache_utils.py), the request's hashes have none."""
+    if _FATES is not None and key is not None:
+        _FATES[bytes(key[:-4])] = what
+
+
+def _walked(meta, dt, args, t0) -> None:
+    mgr = args[0]
+    pool = mgr._gpu_block_pool
+    for bid in getattr(meta, "store_gpu_blocks", None) or ():
+        _fate(pool.blocks[bid].block_hash, "store in flight")
+
+
+def _stored(mgr, gpu_block_ids, cpu_block_ids, *a, **k) -> None:
+    for bid in cpu_block_ids:
+        _fate(mgr.cpu_block_pool.blocks[bid].block_hash, "stored")
+
+
+def _looked_up(out, dt, args, t0) -> None:
+    """A tier lookup (`get_num_new_matched_tokens(request, num_computed_tokens)`): where it stopped,
+    and why."""
+    mgr, request, gpu = args[0], args[1], args[2]
+    hit = (out[0] if out else 0) or 0
+    bs = mgr.hash_block_size  # request.block_hashes are of this size
+    k = (gpu + hit) // bs
+    limit = (request.num_tokens - 1) // bs
+    hashes = request.block_hashes
+    stop = "whole" if k >= min(limit, len(hashes)) else _FATES.get(bytes(hashes[k]), "new content")
+    LOG.event({"ev": "lookup", "req": request.request_id, "gpu": gpu, "hit": hit, "stop": stop})
 
 
 def _patch_block_pool(mod) -> None:

@@ -47,10 +47,11 @@ def record_id(engine_id: str) -> str:
     return engine_id.removeprefix("cmpl-").rsplit("-", 2)[0]
 
 
-def real_stops(name: str) -> dict[str, str] | None:
-    """record id -> the stop of its first lookup; None if the run was probed without fates."""
+def real_stops(evs: list[dict]) -> dict[str, str] | None:
+    """record id -> the stop of its first lookup, from a run's probe events; None if the run was
+    probed without fates."""
     out: dict[str, str] = {}
-    for e in events(name):
+    for e in evs:
         if e.get("ev") == "lookup":
             out.setdefault(record_id(e["req"]), e["stop"])
     return out or None
@@ -112,9 +113,10 @@ def main() -> None:
     want = set(args.runs.split(",")) if args.runs else None
     traces = None
     for run in runs(DATA):
-        if run.server.get("kv_offload") != "simple-cpu" or not events(run.name):
+        if run.server.get("kv_offload") != "simple-cpu" or (want is not None and run.name not in want):
             continue
-        if want is not None and run.name not in want:
+        evs = events(run.name)
+        if not evs:
             continue
         cfg, recs, summ = run.load()
         if traces is None:
@@ -124,7 +126,7 @@ def main() -> None:
         ks = keys(recs, summ, 16, traces)
         measured = rp.measured(recs)
         sims = [sim_stops(cfg, jittered(recs, args.jitter_ms, i), ks) for i in range(args.replays)]
-        table(run.name, measured, real_stops(run.name), sims)
+        table(run.name, measured, real_stops(evs), sims)
 
 
 if __name__ == "__main__":

@@ -149,16 +149,14 @@ def test_the_lazy_walk_loses_as_many_blocks_as_the_real_server():
     (sim/offload.py `OffloadTier.walk`) gives the same quantities: the amount of content the walk
     saves and loses is modelled; which requests then find a whole prefix is what differs
     (docs/simulator.md)."""
-    import gzip
-    import json
-
     from agentx.trace.load import load_traces
     from sim_calibration.realruns import keys
     from sim_calibration.replay import replay
+    from sim_calibration.steps import load_steps
 
     run = next(r for r in runs(DATA) if r.name == "offbp4")
     cfg, recs, summ = run.load()
-    steps = [json.loads(line) for line in gzip.open(DATA / "h200-runs-9" / "steps" / "offbp4.jsonl.gz")]
+    steps = load_steps(DATA, "offbp4", Path("h200-runs-9") / "steps")
     real = {k: sum(r.get(k, 0) for r in steps)
             for k in ("gpu_evicted", "gpu_evicted_unstored", "store_blocks")}
     assert real == {"gpu_evicted": 207_702, "gpu_evicted_unstored": 31_525, "store_blocks": 107_805}

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Every real H200 run under tests/data (h200-runs, h200-runs-2 ... -9) against the simulator.
 
-Each run's requests (recorded send times, prompt sizes, output lengths) are replayed through the
-simulator's engine and its API-server front end on a virtual clock (sim_calibration.replay), with the
-server the run had (speculative decoding, pool size, offload tier: sim_calibration.realruns). Runs
+Each run's requests (prompt sizes, output lengths, and each lane's sends) are replayed through
+the simulator's engine and its API-server front end on a virtual clock (sim_calibration.replay), with
+the server the run had (speculative decoding, pool size, offload tier: sim_calibration.realruns). Runs
 with a pool far smaller than the working set let the simulator's own cache decide the hits
 (block identities re-derived from the trace); the others get each request's recorded hit.
 Printed per run: real vs simulated TTFT p50/p90/p99, TPOT p50/p90, E2E p50/p90, ITL p50 (chunk
@@ -13,8 +13,17 @@ prefix hit rate, and the simulator's server-side queue / prefill / front-end mea
 definitions; the real runs did not record vLLM's histograms), then the engine alone (front end
 removed) for TTFT.
 
+Arrivals (`--arrivals`): the real runs are agentx lanes, each sending its next request a think time
+after the answer to the previous one. `closed` (the default) replays them so: a request leaves the
+client its recorded gap after the simulator finished the lane's previous one (each lane's first
+request and first measured request at their recorded times; sim_calibration.replay `closed_loop`).
+`recorded` sends every request at its recorded time (open loop): a simulator a little faster than
+the server then gets the arrivals of a slower one and its queue empties, a slower one's fills,
+which near saturation turns small timing errors into large TTFT errors (docs/simulator.md,
+"Closed-loop replay").
+
 With `--replays N` each run is replayed N times, replay 0 at the recorded send times and the
-others with every send time moved by a seeded uniform +-J ms (`--jitter-ms`, realruns.jittered):
+others with every recorded send time moved by a seeded uniform +-J ms (`--jitter-ms`, realruns.jittered):
 printed per figure are the median over the replays, its error, and the range of the error; the
 bounds are judged on the median, and each run's line says how many replays were within them.
 
@@ -32,7 +41,7 @@ model judged on its own, apart from the tier's hit decision, which on these runs
 by tens of points with a few percent of tier size (docs/simulator.md).
 
 Run: .venv/bin/python bench/sim_vs_real.py [--runs base,spec32] [--profile PATH] [--set FIELD=VALUE]
-     [--hits tier|recorded] [--replays N [--jitter-ms J]]
+     [--hits tier|recorded] [--arrivals closed|recorded] [--replays N [--jitter-ms J]]
 """
 from __future__ import annotations
 
@@ -182,6 +191,10 @@ def main() -> None:
     ap.add_argument("--hits", choices=("tier", "recorded"), default="tier",
                     help="runs on a small pool: hits decided by the simulated cache and tier (default), "
                          "or each request's recorded hit imposed at its lookups (the timing alone)")
+    ap.add_argument("--arrivals", choices=("closed", "recorded"), default="closed",
+                    help="each lane closed-loop as the client ran it: a request its recorded gap after the "
+                         "simulator finished the lane's previous one (default); or every request at its "
+                         "recorded send time (open loop)")
     ap.add_argument("--jitter-ms", type=float, default=2.0,
                     help="with --replays > 1: each send time moved by a seeded uniform +-J ms (default 2)")
     args = ap.parse_args()
@@ -217,9 +230,11 @@ def main() -> None:
         sims, bares = [], []
         for i in range(args.replays):
             sent = jittered(recs, args.jitter_ms, i)
-            rec = args.hits == "recorded"
-            sims.append(sim_figures(recs, summ, replay(cfg, sent, keys=ks, recorded_hits=rec)))
-            bares.append(sim_figures(recs, summ, replay(cfg, sent, NO_FRONT_END, keys=ks, recorded_hits=rec)))
+            rec, closed = args.hits == "recorded", args.arrivals == "closed"
+            sims.append(sim_figures(recs, summ, replay(cfg, sent, keys=ks, recorded_hits=rec,
+                                                       closed_loop=closed)))
+            bares.append(sim_figures(recs, summ, replay(cfg, sent, NO_FRONT_END, keys=ks, recorded_hits=rec,
+                                                        closed_loop=closed)))
         lanes = summ["config"]["conc"]
         if args.replays == 1:
             v = report(run.name, lanes, real, sims[0], bares[0], group=group)

@@ -13,6 +13,7 @@ every real run under tests/data with it.
 from __future__ import annotations
 
 import dataclasses
+from bisect import insort
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,7 +28,8 @@ from agentx.sim.timing import StepTiming
 
 def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
            keys: dict[str, list[int]] | None = None, recorded_hits: bool = False,
-           stats: dict | None = None, setup: Callable[[SimEngine], None] | None = None) -> list[dict]:
+           stats: dict | None = None, setup: Callable[[SimEngine], None] | None = None,
+           closed_loop: bool = False) -> list[dict]:
     """Modelled timings of every ok record, in record order (ms): ttft, tpot, e2e, frontend (time
     in the API server, waiting included), queue (engine core queued -> first scheduled), prefill
     (first scheduled -> first token), the chunk gaps `itl`, and `cached` prompt tokens as the real
@@ -46,7 +48,17 @@ def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
     `stats`, if given, gets the tier's block totals at the end: `stored`, `loaded`, `cpu_evicted`,
     `gpu_evicted` and `gpu_evicted_unstored` (what bench/stepprobe counts on a real server).
     `setup`, if given, is called with the engine before the first request (bench/tier_breaks.py
-    follows the tier's content with it)."""
+    follows the tier's content with it).
+
+    `closed_loop` replays each lane as the client ran it (`lane` in requests.jsonl; a lane's
+    requests never overlap): a request is sent the recorded gap (its send minus the previous
+    request's end: think time and the client's own work) after the simulator finished the lane's
+    previous one. A lane's first request, and its first measured one, keep their recorded send
+    times, so the order in which the cold warm-up burst happened to be served does not shift a
+    lane's whole measured window. Open loop (the default) sends every request at its recorded
+    time whatever the simulator did: a simulator slightly faster or slower than the server then
+    sees the arrivals of a slower or faster one, where the real client's lanes wait for each
+    answer."""
     built = build_engine(cfg.model_copy(update={"time_scale": 1.0, "fixed_ttft_ms": None,
                                                 "fixed_itl_ms": None}))
     eng, bs = built.engine, built.res.block_size
@@ -78,10 +90,26 @@ def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
         req = SimRequest(rid=str(i), prompt_len=r["isl"], max_tokens=max(1, r["osl"]),
                          block_hashes=hashes, arrival_ns=r["start_ns"] - t0)
         todo.append((req.arrival_ns, hit_blocks, req))
+    every = [q for _, _, q in todo]  # in record order
     todo.sort(key=lambda x: x[0])
     hits = {id(q): h for _, h, q in todo}
+    # closed loop: request -> (the lane's next request in the same phase, warm-up or measured;
+    # the recorded gap before it, ns)
+    follow: dict[int, tuple[SimRequest, int]] = {}
+    if closed_loop:
+        if any(r.get("lane") is None or r.get("end_ns") is None for r in recs):
+            raise ValueError("replay: closed_loop needs each ok record's `lane` and `end_ns`")
+        lanes: dict = {}
+        for r, q in sorted(zip(recs, every), key=lambda x: x[0]["start_ns"]):
+            lanes.setdefault(r.get("lane"), []).append((r, q))
+        for chain in lanes.values():
+            for (a, qa), (b, qb) in zip(chain, chain[1:]):
+                if bool(a.get("warmup")) == bool(b.get("warmup")):
+                    follow[id(qa)] = (qb, max(0, b["start_ns"] - a["end_ns"]))
+        later_reqs = {id(q) for q, _ in follow.values()}
+        todo = [x for x in todo if id(x[2]) not in later_reqs]
     left_fe: dict[int, int] = {}
-    emits: dict[int, list[int]] = {id(q): [] for _, _, q in todo}
+    emits: dict[int, list[int]] = {id(q): [] for q in every}
     active: list[SimRequest] = []
     nxt = 0
     while True:
@@ -102,6 +130,10 @@ def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
             for q in active:
                 if len(emits[id(q)]) < len(q.events):
                     emits[id(q)] += [t] * (len(q.events) - len(emits[id(q)]))
+                if q.finish is not None and id(q) in follow:
+                    nq, gap = follow.pop(id(q))
+                    nq.arrival_ns = q.last_token_ns + gap
+                    insort(todo, (nq.arrival_ns, hits[id(nq)], nq), lo=nxt, key=lambda x: x[0])
             active = [q for q in active if q.finish is None]
             continue
         later = [x for x in (todo[nxt][0] / 1e9 if nxt < len(todo) else None, fe.next_finish()) if x is not None]
@@ -113,7 +145,7 @@ def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
         stats.update(stored=t.stored_blocks, loaded=t.loaded_blocks, cpu_evicted=t.evicted_blocks,
                      gpu_evicted=t.gpu_evicted, gpu_evicted_unstored=t.gpu_evicted_unstored)
     out = []
-    for _, _, q in sorted(todo, key=lambda x: int(x[2].rid)):
+    for q in every:
         first, last = q.first_token_ns - q.arrival_ns, q.last_token_ns - q.arrival_ns
         times = [t for t, ev in zip(emits[id(q)], q.events) if ev[0] > 0]
         out.append({"ttft_ms": first / 1e6, "e2e_ms": last / 1e6,

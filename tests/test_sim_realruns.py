@@ -182,3 +182,39 @@ def test_tier_breaks_counts_every_measured_request_of_a_replay():
     sim = [[int(x) for x in ln.strip("|").split("|")[3:5]] for ln in lines]
     assert sum(map(sum, sim)) == 105
     assert rows["new content"][3] != "0" and int(rows["new content"][2]) == 0
+
+
+def test_closed_loop_sends_each_lanes_next_request_its_recorded_gap_after_the_simulated_end():
+    """`replay(..., closed_loop=True)`: within the warm-up and within the measured window, a lane's
+    request leaves the client the recorded gap (think time and the client's own work) after the
+    simulator finished the lane's previous one; warm-up requests that start a lane and each lane's
+    first measured request keep their recorded send times, as every request does in open loop."""
+    from sim_calibration.replay import replay
+
+    run = next(r for r in runs(DATA) if r.name == "base")
+    cfg, recs, _ = run.load()
+    ok = [r for r in recs if r.get("ok")]
+    t0 = min(r["start_ns"] for r in ok)
+
+    def sent(rows):
+        return [round(x["end_ns"] - x["e2e_ms"] * 1e6) for x in rows]
+
+    assert all(abs(s - r["start_ns"]) < 1_000 for s, r in zip(sent(replay(cfg, recs)), ok))
+    rows = replay(cfg, recs, closed_loop=True)
+    at = dict(zip((r["request_id"] for r in ok), zip(sent(rows), rows)))
+    lanes: dict = {}
+    for r in sorted(ok, key=lambda r: r["start_ns"]):
+        lanes.setdefault(r["lane"], []).append(r)
+    chained = 0
+    for chain in lanes.values():
+        assert abs(at[chain[0]["request_id"]][0] - chain[0]["start_ns"]) < 1_000
+        for a, b in zip(chain, chain[1:]):
+            got = at[b["request_id"]][0]
+            if bool(a.get("warmup")) != bool(b.get("warmup")):
+                assert abs(got - b["start_ns"]) < 1_000  # the measured window starts as recorded
+                continue
+            want = at[a["request_id"]][1]["end_ns"] + (b["start_ns"] - a["end_ns"])
+            assert abs(got - want) < 1_000, (b["request_id"], (got - t0) / 1e9, (want - t0) / 1e9)
+            chained += 1
+    assert chained > len(ok) // 2
+    assert any(abs(s - r["start_ns"]) > 1e6 for s, r in zip(sent(rows), ok))

@@ -228,13 +228,11 @@ def main() -> None:
             ks = keys(recs, summ, 16, traces)
         real = reals[run.name]
         sims, bares = [], []
+        how = {"keys": ks, "recorded_hits": args.hits == "recorded", "closed_loop": args.arrivals == "closed"}
         for i in range(args.replays):
             sent = jittered(recs, args.jitter_ms, i)
-            rec, closed = args.hits == "recorded", args.arrivals == "closed"
-            sims.append(sim_figures(recs, summ, replay(cfg, sent, keys=ks, recorded_hits=rec,
-                                                       closed_loop=closed)))
-            bares.append(sim_figures(recs, summ, replay(cfg, sent, NO_FRONT_END, keys=ks, recorded_hits=rec,
-                                                        closed_loop=closed)))
+            sims.append(sim_figures(recs, summ, replay(cfg, sent, **how)))
+            bares.append(sim_figures(recs, summ, replay(cfg, sent, NO_FRONT_END, **how)))
         lanes = summ["config"]["conc"]
         if args.replays == 1:
             v = report(run.name, lanes, real, sims[0], bares[0], group=group)

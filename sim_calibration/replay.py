@@ -101,7 +101,7 @@ def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
             raise ValueError("replay: closed_loop needs each ok record's `lane` and `end_ns`")
         lanes: dict = {}
         for r, q in sorted(zip(recs, every), key=lambda x: x[0]["start_ns"]):
-            lanes.setdefault(r.get("lane"), []).append((r, q))
+            lanes.setdefault(r["lane"], []).append((r, q))
         for chain in lanes.values():
             for (a, qa), (b, qb) in zip(chain, chain[1:]):
                 if bool(a.get("warmup")) == bool(b.get("warmup")):

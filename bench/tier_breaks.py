@@ -28,15 +28,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # sim_calibration/: not installed
 import sim_calibration.replay as rp  # noqa: E402
-from sim_calibration.realruns import DATA, jittered, keys, runs  # noqa: E402
+from sim_calibration.realruns import DATA, h100_runs, jittered, keys, runs  # noqa: E402
 
 ORDER = ("whole", "new content", "cpu-evicted", "gpu-evicted without a CPU copy", "store in flight",
          "stored")
 
 
 def events(name: str) -> list[dict]:
-    """The probe's events of run `name` (tests/data/h200-runs-*/steps/NAME-events.jsonl.gz)."""
-    for path in sorted(DATA.glob(f"h200-runs-*/steps/{name}-events.jsonl.gz")):
+    """The probe's events of run `name` (tests/data/h*-runs*/steps/NAME-events.jsonl.gz)."""
+    for path in sorted(DATA.glob(f"h*-runs*/steps/{name}-events.jsonl.gz")):
         with gzip.open(path, "rt") as f:
             return [json.loads(line) for line in f]
     return []
@@ -47,21 +47,22 @@ def record_id(engine_id: str) -> str:
     return engine_id.removeprefix("cmpl-").rsplit("-", 2)[0]
 
 
-def real_stops(evs: list[dict]) -> dict[str, str] | None:
-    """record id -> the stop of its first lookup, from a run's probe events; None if the run was
-    probed without fates."""
-    out: dict[str, str] = {}
+def real_stops(evs: list[dict]) -> dict[str, tuple[str, int]] | None:
+    """record id -> (the stop of its first lookup, the prompt tokens it found before it on the
+    GPU and in the tier), from a run's probe events; None if the run was probed without fates."""
+    out: dict[str, tuple[str, int]] = {}
     for e in evs:
         if e.get("ev") == "lookup":
-            out.setdefault(record_id(e["req"]), e["stop"])
+            out.setdefault(record_id(e["req"]), (e["stop"], e.get("gpu", 0) + e.get("hit", 0)))
     return out or None
 
 
-def sim_stops(cfg, records: list[dict], ks: dict) -> tuple[dict[str, str], dict[str, int]]:
-    """Record id -> the stop of its first lookup in a replay (the tier deciding), and record id ->
-    the hit the replay reports (vLLM 0.24's: its latest admission before the first token)."""
+def sim_stops(cfg, records: list[dict], ks: dict) -> tuple[dict[str, tuple[str, int]], dict[str, int]]:
+    """Record id -> (the stop of its first lookup, the tokens found before it) in a closed-loop
+    replay (the tier deciding), and record id -> the hit the replay reports (vLLM 0.24's: its
+    latest admission before the first token)."""
     ids = [r["request_id"] for r in records if r.get("ok")]
-    out: dict[str, str] = {}
+    out: dict[str, tuple[str, int]] = {}
 
     def classify(eng, req) -> None:
         rid = ids[int(req.rid)]
@@ -71,28 +72,36 @@ def sim_stops(cfg, records: list[dict], ks: dict) -> tuple[dict[str, str], dict[
         limit = min((req.target_len - 1) // eng.bs, len(hashes))
         dev = eng.pool.match(hashes, limit)
         n = dev + tier.match(hashes[dev:], limit - dev, start=dev)
-        out[rid] = "whole" if n >= limit else tier.fates.get(hashes[n], "new content")
+        out[rid] = ("whole" if n >= limit else tier.fates.get(hashes[n], "new content"), n * eng.bs)
 
     def follow(eng) -> None:
         eng.offload.fates = {}
         eng.before_lookup = lambda req: classify(eng, req)
 
-    rows = rp.replay(cfg, records, keys=ks, setup=follow)
+    rows = rp.replay(cfg, records, keys=ks, setup=follow, closed_loop=True)
     return out, {rid: row["cached"] or 0 for rid, row in zip(ids, rows)}
 
 
 def table(name: str, measured: list[dict], real: dict | None,
           sims: list[tuple[dict, dict]]) -> None:
-    """Counts by stop, split by the reported hit's size (zero: under 5% of the prompt)."""
+    """Counts by stop, split by the reported hit's size (zero: under 5% of the prompt), and the
+    share of the prompt found before the stop (mean over the class's requests; simulated: over
+    every replay's)."""
     def count(stops: dict, hits: dict) -> Counter:
-        return Counter((stops.get(r["request_id"], "no lookup"),
+        return Counter((stops.get(r["request_id"], ("no lookup", 0))[0],
                         "zero" if hits[r["request_id"]] < 0.05 * r["isl"] else "hit")
                        for r in measured)
+
+    def found(stops_list: list[dict], k: str) -> str:
+        f = [stops[r["request_id"]][1] / r["isl"] for stops in stops_list for r in measured
+             if stops.get(r["request_id"], ("",))[0] == k]
+        return f"{sum(f) / len(f):.2f}" if f else "-"
     real_hits = {r["request_id"]: r["cached_tokens"] or 0 for r in measured}
     print(f"\n### {name} ({len(measured)} measured requests; simulated: "
           f"{'median of ' + str(len(sims)) + ' replays' if len(sims) > 1 else 'one replay'})\n")
-    print("| first missing block | real: zero hit | real: a hit | simulated: zero hit | simulated: a hit |")
-    print("|---|---:|---:|---:|---:|")
+    print("| first missing block | real: zero hit | real: a hit | simulated: zero hit | simulated: a hit "
+          "| prompt found before it: real | simulated |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     sim_counts = [count(s, h) for s, h in sims]
     rc = count(real, real_hits) if real is not None else None
     keys_ = sorted({k[0] for c in sim_counts + ([rc] if rc else []) for k in c},
@@ -100,7 +109,8 @@ def table(name: str, measured: list[dict], real: dict | None,
     for k in keys_:
         med = [sorted(c[(k, z)] for c in sim_counts)[len(sim_counts) // 2] for z in ("zero", "hit")]
         real_cells = [str(rc[(k, z)]) for z in ("zero", "hit")] if rc else ["not recorded"] * 2
-        print(f"| {k} | {real_cells[0]} | {real_cells[1]} | {med[0]} | {med[1]} |")
+        print(f"| {k} | {real_cells[0]} | {real_cells[1]} | {med[0]} | {med[1]} | "
+              f"{found([real], k) if real is not None else '-'} | {found([s for s, _ in sims], k)} |")
 
 
 def main() -> None:
@@ -112,7 +122,7 @@ def main() -> None:
     args = ap.parse_args()
     want = set(args.runs.split(",")) if args.runs else None
     traces = None
-    for run in runs(DATA):
+    for run in runs(DATA) + h100_runs(DATA):
         if run.server.get("kv_offload") != "simple-cpu" or (want is not None and run.name not in want):
             continue
         evs = events(run.name)
@@ -126,7 +136,8 @@ def main() -> None:
         ks = keys(recs, summ, 16, traces)
         measured = rp.measured(recs)
         sims = [sim_stops(cfg, jittered(recs, args.jitter_ms, i), ks) for i in range(args.replays)]
-        table(run.name, measured, real_stops(evs), sims)
+        table(run.name if run.device == "H200" else f"{run.name} (real on an {run.device}, "
+              f"replayed on the H200 profile)", measured, real_stops(evs), sims)
 
 
 if __name__ == "__main__":

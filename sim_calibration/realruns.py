@@ -36,6 +36,7 @@ class RealRun:
     server: dict  # SimConfig fields of the server flags (beyond the pool size)
     small_pool: bool  # pool far below the working set: hits come from the simulated cache
     group: str = ""  # runs of one configuration share a group (their run-to-run spread); "" = name
+    device: str = "H200"  # the GPU it ran on; the profile (PROFILE) times an H200
 
     def __post_init__(self) -> None:
         self.group = self.group or self.name
@@ -137,3 +138,16 @@ def keys(records: list[dict], summary: dict, block_size: int, traces) -> dict[st
         out[r["request_id"]] = [hash((chain[min(len(chain) - 1, math.ceil((j + 1) * block_size / trace_bs) - 1)], j))
                                 for j in range(n)] if chain else []
     return out
+
+
+def h100_runs(data: Path) -> list[RealRun]:
+    """The SimpleCPUOffload runs under data/h100-runs (h100-runs/README.md): offb's configuration
+    and its 75 GB tier on one H100, probed with the block fates (AGENTX_STEPLOG_FATES=1) that
+    bench/tier_breaks.py counts. Not in `runs`: the profile times an H200, so bench/sim_vs_real.py
+    cannot judge their timing; the tier's hit decision (which block a lookup stops at) is what
+    they are for."""
+    d = data / "h100-runs"
+    out = [RealRun(f"h100-{name}", *_files(d, f"h100-{name}-"), {**_OFFLOAD, "offload_gb": gb}, True,
+                   device="H100")
+           for name, gb in (("offb", _OFFLOAD["offload_gb"]), ("off75", 75.0), ("off75b", 75.0))]
+    return [r for r in out if r.requests.exists()]

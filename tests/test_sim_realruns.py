@@ -218,3 +218,65 @@ def test_closed_loop_sends_each_lanes_next_request_its_recorded_gap_after_the_si
             chained += 1
     assert chained > len(ok) // 2
     assert any(abs(s - r["start_ns"]) > 1e6 for s, r in zip(sent(rows), ok))
+
+
+def test_closed_loop_throughput_scales_the_window_by_the_lanes_summed_stretch():
+    """In closed loop the simulated throughput is the measured tokens over the real window scaled
+    by the lanes' summed stretch (`lane_stretch`), not shifted by the last end alone: one lane
+    finishing late no longer judges the server. Open loop keeps the last-end shift."""
+    svr = _sim_vs_real()
+
+    def rec(lane, start, end, isl=100):
+        return {"ok": True, "lane": lane, "start_ns": start, "end_ns": end, "isl": isl, "osl": 10,
+                "ttft_ms": 1.0, "e2e_ms": 1.0, "tpot_ms": None, "cached_tokens": 0}
+
+    def row(end):
+        return {"end_ns": end, "ttft_ms": 1.0, "e2e_ms": 1.0, "tpot_ms": None, "itl": [], "cached": 0,
+                "queue_ms": 0.0, "prefill_ms": 0.0, "frontend_ms": 0.0, "preemptions": 0}
+
+    s = 10**9
+    # lane 0 spans 10 s real, 8 s simulated; lane 1 spans 10 s real, 14 s simulated
+    recs = [rec(0, 0, 4 * s), rec(0, 5 * s, 10 * s), rec(1, 0, 5 * s), rec(1, 6 * s, 10 * s)]
+    rows = [row(3 * s), row(8 * s), row(6 * s), row(14 * s)]
+    assert svr.lane_stretch(list(zip(recs, rows))) == pytest.approx(22 / 20)
+    summ = {"throughput": {"window_s": 10.0}}
+    tokens = 4 * 110
+    closed = svr.sim_figures(recs, summ, rows, closed_loop=True)["tok_s"]
+    assert closed == pytest.approx(tokens / (10.0 * 22 / 20))
+    # open loop: the window stretched by how much later the last request ended (4 s)
+    assert svr.sim_figures(recs, summ, rows)["tok_s"] == pytest.approx(tokens / 14.0)
+
+
+def test_tier_breaks_reads_the_real_fates_of_a_probed_run():
+    """bench/tier_breaks.py on h100-offb (probed with AGENTX_STEPLOG_FATES=1): the real columns
+    count each of the 99 measured requests' first lookup by the stop the probe logged (counted
+    here from the events file itself), and the share of the prompt found before a stop is the
+    probe's GPU + tier tokens over the prompt."""
+    import gzip
+    import json
+    from collections import Counter
+
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "tier_breaks.py"), "--runs", "h100-offb"],
+                       capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    assert "### h100-offb (real on an H100, replayed on the H200 profile) (99 measured requests" in p.stdout
+    from sim_calibration.realruns import h100_runs
+
+    (run,) = [r for r in h100_runs(DATA) if r.name == "h100-offb"]
+    _, recs, _ = run.load()
+    measured = {r["request_id"]: r for r in recs if r.get("ok") and not r.get("warmup")}
+    first: dict = {}
+    with gzip.open(DATA / "h100-runs" / "steps" / "h100-offb-events.jsonl.gz", "rt") as f:
+        for e in map(json.loads, f):
+            if e.get("ev") == "lookup":
+                first.setdefault(e["req"].removeprefix("cmpl-").rsplit("-", 2)[0], e)
+    want = Counter((first[i]["stop"], "zero" if (r["cached_tokens"] or 0) < 0.05 * r["isl"] else "hit")
+                   for i, r in measured.items())
+    assert sum(want.values()) == 99
+    for label in ("new content", "cpu-evicted", "gpu-evicted without a CPU copy"):
+        cells = _cells(p.stdout, label)
+        assert [int(cells[1]), int(cells[2])] == [want[(label, "zero")], want[(label, "hit")]]
+        shares = [(first[i]["gpu"] + first[i]["hit"]) / r["isl"] for i, r in measured.items()
+                  if first[i]["stop"] == label]
+        assert cells[5] == f"{sum(shares) / len(shares):.2f}"
+    assert float(_cells(p.stdout, "new content")[5]) > 0.9  # a whole previous prompt found

@@ -169,3 +169,26 @@ def test_a_replay_of_a_probed_run_has_the_engine_state_the_probe_measured():
     assert sim["loading"] < 2 * real["loading"] + 0.1, (sim, real)
     assert abs(sim["preempting_steps"] / real["preempting_steps"] - 1) < 0.35, (sim, real)
     assert abs(sim["decode_ms"] / real["decode_ms"] - 1) < 0.1, (sim, real)
+
+
+def test_a_finished_requests_blocks_return_after_the_next_schedule():
+    """vLLM 0.24's engine core with asynchronous scheduling (`step_with_batch_queue`, a batch
+    queue of 2) schedules batch k+1 before it processes batch k's output, and frees the requests
+    that finished in batch k there (`update_from_output` -> `_free_request`): their blocks are
+    admissible from schedule k+2. A request waiting for those blocks is admitted one schedule
+    later than a synchronous free would allow; with nothing else left to schedule the output is
+    processed at once."""
+    for connector in (False, True):
+        eng = _engine(connector=connector, blocks=32)
+        a = SimRequest(rid="a", prompt_len=20 * BS, max_tokens=2, block_hashes=list(range(20)))
+        b = SimRequest(rid="b", prompt_len=20 * BS, max_tokens=2, block_hashes=list(range(100, 120)))
+        eng.submit(a)
+        eng.submit(b)  # 21 blocks with a's 21 held: waits for a's
+        steps = []
+        while eng.step_offline() and len(steps) < 50:
+            steps.append((a.finish is not None, b.scheduled_ns > 0, eng.pool.num_free))
+        done = next(i for i, (fa, _, _) in enumerate(steps) if fa)  # the step a finished in
+        admitted = next(i for i, (_, sb, _) in enumerate(steps) if sb)
+        assert admitted == done + 2, (connector, steps)  # not in the schedule right after it
+        assert b.finish is not None
+        assert eng.pool.num_free == 32  # b was the last: its blocks returned at once

@@ -137,8 +137,8 @@ class SimEngine(Scheduler):
             self._step_ended(now, 1.0)
             if self.offload is not None and self.offload.completed:
                 return True  # the next schedule frees their blocks
-            if batch.preempted:
-                return True  # it preempted every request (freed after it): the next admits them
+            if batch.preempted or self._freed_finished:
+                return True  # blocks were freed after it (preempted, finished): the next admits
             ends = self._transfer_ends()
             if not ends:
                 return False
@@ -220,7 +220,15 @@ class SimEngine(Scheduler):
         if finished:
             keep = set(map(id, finished))
             self.running = [r for r in self.running if id(r) not in keep]
+            # with requests left to schedule, the next schedule comes before this step's output
+            # is processed (asynchronous scheduling: `step_with_batch_queue`), so the finished
+            # requests' blocks return to the pool only after it; with none, the engine core
+            # processes the output at once
+            later = bool(self.running or self.waiting or self.holding or self.loading)
             for req in finished:
+                if later and req.blocks:
+                    self._finished.append(req.blocks)
+                    req.blocks = []
                 self._retire(req, None)
                 stats.on_finish(req)
         stats.num_running = len(self.running)

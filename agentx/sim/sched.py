@@ -12,6 +12,12 @@ sim/engine.py runs the steps.
   block for the rest of the schedule, so one request that cannot grow preempts every running
   request behind it, itself included: the bursts of 6-13 preemptions in one step measured on the
   H200 (tests/data/h200-runs-6), where the same pool without a connector preempted none.
+- A finished request's blocks return to the pool after the next schedule: with asynchronous
+  scheduling (vLLM 0.24 `EngineCore.step_with_batch_queue`, a batch queue of 2) batch k+1 is
+  scheduled before batch k's output is processed, and `update_from_output` frees the requests
+  that finished in batch k (`_free_request`), after the deferred frees of preemptions and before
+  the connector's completed stores. With nothing left to schedule the output is processed at
+  once.
 - With vLLM's SimpleCPUOffload as it runs (`offload_store_walk`) loads are paced by the steps
   (vLLM 0.24 `SimpleCPUOffloadWorker`: launched in `get_finished` after the forward of the step
   that scheduled them, on their own stream at the measured copy rate, `offload_load_copy_gbps`;
@@ -84,6 +90,11 @@ class Scheduler:
         self.seq = 0  # schedules so far
         self._idle = True  # the last schedule was empty: no step in flight
         self._deferred: list[list[int]] = []
+        # blocks of requests that finished in the step in flight, freed once its output is
+        # processed, after the next schedule (asynchronous scheduling; `_free_request` in
+        # `update_from_output`)
+        self._finished: list[list[int]] = []
+        self._freed_finished = False  # the last schedule was followed by such frees
         self._link_free = 0.0
         # where request timestamps come from: the wall clock when serving, a virtual clock offline
         self.now_ns = time.perf_counter_ns
@@ -130,10 +141,18 @@ class Scheduler:
         offload = self.offload
         if offload is not None and offload.walk_target:
             offload.walk(self.pool)  # build_connector_meta, at the end of the schedule
-            offload.release_completed(self.pool)  # the previous step's output (async scheduling)
-        for blocks in self._deferred:  # the step in flight has run: `_drain_deferred_frees`
+        # the step in flight has run; its output is processed (async scheduling), in the order
+        # of vLLM's `update_from_output`: `_drain_deferred_frees`, then each finished request's
+        # blocks, then the connector's completed stores
+        for blocks in self._deferred:
             self.pool.release(blocks)
         self._deferred.clear()
+        self._freed_finished = bool(self._finished)
+        for blocks in self._finished:
+            self.pool.release(blocks)
+        self._finished.clear()
+        if offload is not None and offload.walk_target:
+            offload.release_completed(self.pool)
         batch.preempted = preempted
         self.seq += 1
         self._idle = batch.empty

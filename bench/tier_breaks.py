@@ -11,11 +11,13 @@ its CPU copy had gone first), "store in flight", or "stored" (stored, and its ev
 tier was not seen).
 
 Real: the `lookup` events bench/stepprobe writes with AGENTX_STEPLOG_FATES=1 (the probe follows
-every block's content by its hash). Runs probed without it print "not recorded". Simulated: the
-same run replayed with the tier deciding (sim_calibration.replay) and the tier following its
-blocks' content (`OffloadTier.fates`), the lookup classified as the probe does.
+every block's content by its hash): the H200 runs probed without it print "not recorded"; the
+runs of tests/data/h100-runs have them (on an H100: their replays price an H200's steps).
+Simulated: the same run replayed closed-loop with the tier deciding (sim_calibration.replay) and
+the tier following its blocks' content (`OffloadTier.fates`), the lookup classified as the probe
+does. Beside the counts, the mean share of the prompt found before each stop, real and simulated.
 
-Run: .venv/bin/python bench/tier_breaks.py [--runs offbp4,off75b] [--replays N [--jitter-ms J]]
+Run: .venv/bin/python bench/tier_breaks.py [--runs h100-offb,off75b] [--replays N [--jitter-ms J]]
 """
 from __future__ import annotations
 

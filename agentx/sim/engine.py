@@ -88,7 +88,7 @@ class SimEngine(Scheduler):
     async def _run(self) -> None:
         start = time.perf_counter()
         while True:
-            if not (self.running or self.waiting or self.holding or self.loading):
+            if not self.has_requests:
                 self.wake.clear()
                 await self.wake.wait()
                 start = time.perf_counter()
@@ -224,7 +224,7 @@ class SimEngine(Scheduler):
             # is processed (asynchronous scheduling: `step_with_batch_queue`), so the finished
             # requests' blocks return to the pool only after it; with none, the engine core
             # processes the output at once
-            later = bool(self.running or self.waiting or self.holding or self.loading)
+            later = self.has_requests
             for req in finished:
                 if later and req.blocks:
                     self._finished.append(req.blocks)

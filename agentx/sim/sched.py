@@ -138,9 +138,9 @@ class Scheduler:
             break  # the request itself was preempted
         if not preempted:
             self._admit(batch, budget, now)
-        offload = self.offload
-        if offload is not None and offload.walk_target:
-            offload.walk(self.pool)  # build_connector_meta, at the end of the schedule
+        walker = self.offload if self.offload is not None and self.offload.walk_target else None
+        if walker is not None:
+            walker.walk(self.pool)  # build_connector_meta, at the end of the schedule
         # the step in flight has run; its output is processed (async scheduling), in the order
         # of vLLM's `update_from_output`: `_drain_deferred_frees`, then each finished request's
         # blocks, then the connector's completed stores
@@ -151,14 +151,20 @@ class Scheduler:
         for blocks in self._finished:
             self.pool.release(blocks)
         self._finished.clear()
-        if offload is not None and offload.walk_target:
-            offload.release_completed(self.pool)
+        if walker is not None:
+            walker.release_completed(self.pool)
         batch.preempted = preempted
         self.seq += 1
         self._idle = batch.empty
         self._count_waiting()
         self.stats.num_running = len(running)
         return batch
+
+    @property
+    def has_requests(self) -> bool:
+        """Requests left to schedule: running, waiting, holding loaded blocks or loading (vLLM
+        `Scheduler.has_requests`)."""
+        return bool(self.running or self.waiting or self.holding or self.loading)
 
     def _admit(self, batch: Batch, budget: int, now: float) -> None:
         running = self.running

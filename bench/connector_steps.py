@@ -36,8 +36,10 @@ Method:
    over the baseline run's own (so the baseline's fit error cancels). A step stalls when it
    exceeds factor x baseline by more than the baseline run's own 99th percentile of that excess;
    `stall_fraction` = the share of stalled steps beyond the baseline's 1 %, and `stall_ms` what
-   makes the run's busy time whole: its total time beyond factor x baseline over the stalled
-   steps (so the modelled mean step, hence mean TPOT, is the measured one). The excess is also
+   makes the run's busy time whole: its total time beyond factor x baseline, less what the
+   simulator already adds for the run's admissions right after a decode-only step (the profile's
+   admit_host_ms and admit_host_us_per_token; `admit s`), over the stalled steps (so the
+   modelled mean step, hence mean TPOT, is the measured one). The excess is also
    regressed per 2-s window on the tokens loaded and stored in
    it, to show whether it follows the blocks moved (R2 printed).
 3. The connector's load rate is the copy rate vLLM 0.24's own SimpleCPUOffload path measured on
@@ -69,6 +71,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # sim_calibration/: not installed
+from agentx.sim.profile import load_profile  # noqa: E402
 from sim_calibration.steps import load_steps, paired  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
@@ -117,7 +120,17 @@ def copy_rate() -> float:
                              if r["op"] == "load" and r["loaded"] and r["blocks"] >= 16)
 
 
-def fit_set(st: StepSet, shift: int, per_kind: dict) -> None:
+def admissions(batches: list[dict], nexts: list[dict], decode_ms: np.ndarray, admit: tuple[float, float]) -> float:
+    """The time (s) the simulator already adds for admitting requests after decode-only batches
+    (agentx/sim/timing.py: the next batch's host preparation beyond the decode step's time, with
+    the profile's admit_host_ms, admit_host_us_per_token), so the stalls do not count it twice."""
+    a, b = admit
+    return sum(max(0.0, a + b * (n.get("tokens", 0) - n.get("decode", 0)) / 1e3 - d)
+               for s, n, d in zip(batches, nexts, decode_ms)
+               if s.get("reqs") and s.get("tokens") == s.get("decode") and n.get("new")) / 1e3
+
+
+def fit_set(st: StepSet, shift: int, per_kind: dict, admit: tuple[float, float] = (0.0, 0.0)) -> None:
     """One set: its baseline model, then every run against it (printed); the fitted runs'
     constants are added to per_kind."""
     runs = {name: load_steps(DATA, name, Path(st.folder) / "steps") for name in st.runs}
@@ -135,7 +148,7 @@ def fit_set(st: StepSet, shift: int, per_kind: dict) -> None:
           f"+ {coef[4]:.5f} x prefill x ctx (M) ms; R2 {r2:.3f}; median real/model "
           f"{base_ratio:.3f}; stall threshold (p99 excess) {threshold:.1f} ms")
     print(f"\n{'run':7s} {'connector':11s} {'steps':>6s} {'busy s':>7s} {'real/model':>10s} "
-          f"{'factor':>7s} {'stall %':>8s} {'stall ms':>9s} {'excess s':>9s} "
+          f"{'factor':>7s} {'stall %':>8s} {'stall ms':>9s} {'excess s':>9s} {'admit s':>8s} "
           f"{'k tok loaded':>12s} {'k tok stored':>12s} {'window R2':>9s} {'sched conn ms/step':>18s} "
           f"{'reqs/step':>9s} {'tok/step':>10s}")
     for name, kind in st.runs.items():
@@ -145,7 +158,8 @@ def fit_set(st: StepSet, shift: int, per_kind: dict) -> None:
         excess = y - factor * base_ratio * pred
         stalled = excess > threshold
         share = max(0.0, float(stalled.mean()) - 0.01)
-        stall_ms = float(excess.sum()) / (share * len(y)) if share else 0.0
+        adm = admissions(batches, runs[name][1:], factor * base_ratio * pred, admit)
+        stall_ms = float((excess.sum() - adm * 1e3) / (share * len(y))) if share else 0.0
         lt = np.array([moved(s) for s in batches])
         t = np.array([s["t"] for s in batches])
         w = ((t - t[0]) // 2).astype(int)
@@ -164,16 +178,21 @@ def fit_set(st: StepSet, shift: int, per_kind: dict) -> None:
             share = stall_ms = 0.0
         print(f"{name:7s} {kind:11s} {len(y):6d} {y.sum() / 1e3:7.1f} {y.sum() / (base_ratio * pred.sum()):10.3f} "
               f"{factor:7.3f} {100 * share:8.2f} {stall_ms:9.1f} {float(np.sum(y - base_ratio * pred)) / 1e3:9.1f} "
+              f"{adm:8.1f} "
               f"{lt[:, 0].sum() / 1e3:12.0f} {lt[:, 1].sum() / 1e3:12.0f} {wr2:9.2f} {sched:18.3f} "
               f"{mreqs:9.2f} {mtok:10.0f}{'' if name in st.fitted or kind == 'none' else '  (not fitted)'}")
         if name in st.fitted:
             per_kind.setdefault(kind, []).append((len(y), factor, share, stall_ms))
 
 
-def fit(shift: int) -> dict:
+def fit(shift: int, profile: str = "h200-qwen3-8b-bf16") -> dict:
+    cal = load_profile(profile).calibration
+    admit = (cal.admit_host_ms, cal.admit_host_us_per_token)
+    print(f"admissions after a decode-only batch, as the simulator prices them ({profile}): "
+          f"{admit[0]:.2f} ms + {admit[1]:.3f} ms per 1k admitted tokens beyond the decode step")
     per_kind: dict[str, list] = {}
     for st in SETS:
-        fit_set(st, shift, per_kind)
+        fit_set(st, shift, per_kind, admit)
     out = {}
     for kind, rows in per_kind.items():
         n = sum(r[0] for r in rows)
@@ -208,7 +227,7 @@ def main(argv: list[str]) -> int:
                     help="pair batch i with call i+shift's time (1: vLLM's batch queue)")
     ap.add_argument("--profile", default="h200-qwen3-8b-bf16", help="profile to write into")
     a = ap.parse_args(argv)
-    consts = fit(a.shift)
+    consts = fit(a.shift, a.profile)
     if a.write:
         write(Path(str(resources.files("agentx.sim") / "profiles" / f"{a.profile}.yaml")), consts)
     return 0

@@ -12,6 +12,9 @@ write them into the profile YAML.
    Prefill (`mfu`, `attn_mfu`): the FLOP efficiencies of the dense layers and of attention,
    measured on the steps with a prefill chunk of h200-runs-7's `cap32p` and `cap32p2` (no
    connector; `fit_prefill`).
+   Admission (`admit_host_ms`, `admit_host_us_per_token`): the host preparation of a batch that
+   admits a request, measured on the decode-only steps before one (`cap`, `cap32p`, `cap32p2`;
+   `fit_admit_host`).
 2. Front end (`frontend_ms`, `frontend_us_per_prompt_token`, `frontend_servers`): for each
    capacity in SERVERS, the per-request work a + b x prompt is fitted by least squares to what
    the engine model leaves unexplained (measured TTFT - modelled TTFT outside the front end -
@@ -48,7 +51,7 @@ from .replay import (
     replay_figures,
     timing_with,
 )
-from .steps import load_steps, paired
+from .steps import STEPS, load_steps, paired
 
 SERVERS = (0.0, 1.0, 2.0, 4.0, 8.0)  # 0 = unlimited (independent holds)
 FIT_RUNS = ("base", "spec", "spec32")
@@ -122,6 +125,31 @@ def fit_prefill(data_dir: Path, cfg: SimConfig, out=sys.stdout) -> tuple[float, 
     return float(mfu), float(attn)
 
 
+def fit_admit_host(data_dir: Path, out=sys.stdout) -> tuple[float, float]:
+    """`admit_host_ms` and `admit_host_us_per_token`, measured: vLLM 0.24 schedules and prepares
+    batch k+1 on the host while batch k runs (a batch queue of 2), so the engine call that ends a
+    decode-only batch lasts as long as the next batch's preparation when that is longer. Over the
+    decode-only batches of STEP_RUN and PREFILL_RUNS (no connector; 16 and 32 lanes) whose next
+    batch admits a new request, least squares of the batch's time (steps.paired) on (1, the next
+    batch's prefill tokens). Their time is 16 ms before a chunk under 1k tokens and 28-37 ms
+    before an 8k chunk, where the decode steps themselves take 6-11 ms; a decode-only batch before
+    another decode-only one is on the model (docs/simulator.md, "Admitting after a decode step")."""
+    rows = []
+    for name, folder in ((STEP_RUN, STEPS), *((n, PREFILL_STEPS) for n in PREFILL_RUNS)):
+        steps = load_steps(data_dir, name, folder)
+        for s, ms, nxt in zip(*paired(steps), steps[1:]):
+            if s.get("reqs") and s["tokens"] == s["reqs"] == s.get("decode") and nxt.get("new"):
+                rows.append((nxt["tokens"] - nxt.get("decode", 0), ms))
+    x = np.array([[1.0, n / 1e3] for n, _ in rows])
+    y = np.array([ms for _, ms in rows])
+    (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)
+    res = y - x @ [a, b]
+    print(f"decode-only steps before an admission ({STEP_RUN}, {', '.join(PREFILL_RUNS)}: {len(y)}): "
+          f"{a:.2f} ms + {b:.3f} ms per 1k admitted tokens, R2 {1 - res.var() / y.var():.3f}, "
+          f"rms {np.sqrt(np.mean(res ** 2)):.1f} ms", file=out)
+    return float(a), float(b)
+
+
 def _regress(data: list, calib: dict) -> tuple[float, float, float]:
     """(a ms, b us/token, rms ms) of the front-end work given the other constants in `calib`."""
     x, y = [], []
@@ -159,6 +187,7 @@ def fit(data_dir: Path, rounds: int = 4, out=sys.stdout) -> dict:
     mfu, attn_mfu = fit_prefill(data_dir, base_cfg, out)
     dec = {"attn_mbu": mbu, "mfu": mfu, "attn_mfu": attn_mfu,
            "per_seq_overhead_us": per_seq_for_anchor(base_cfg, mbu, DECODE_ANCHOR)}
+    dec["admit_host_ms"], dec["admit_host_us_per_token"] = fit_admit_host(data_dir, out)
     data = [(loaded[n][0], loaded[n][1]) for n in FIT_RUNS if n in loaded]
     best = None
     for servers in SERVERS:
@@ -190,6 +219,7 @@ def residuals(data_dir: Path, calib: dict, out=sys.stdout) -> None:
 
 
 _FORMAT = {"attn_mbu": "{:.3f}", "mfu": "{:.3f}", "attn_mfu": "{:.3f}", "per_seq_overhead_us": "{:.1f}",
+           "admit_host_ms": "{:.2f}", "admit_host_us_per_token": "{:.3f}",
            "frontend_ms": "{:.2f}", "frontend_us_per_prompt_token": "{:.3f}", "frontend_servers": "{:g}"}
 
 

@@ -119,3 +119,69 @@ async def test_preemption_when_kv_pool_runs_out(tmp_path):
         assert res.done and res.chunks[-1]["usage"]["completion_tokens"] == 400
     recs = [orjson.loads(line) for line in log.read_bytes().splitlines()]
     assert sum(r["preemptions"] for r in recs) == preempted[0]
+
+
+def _step_times(admit: bool) -> tuple[list[int], list[int], list[tuple[float, int]]]:
+    """Per-step durations (ns) of one script on the H200 profile: `a` decodes alone; `c` (10,000
+    prompt tokens: two chunks) arrives while it does; `d` arrives during c's second chunk; after
+    a and c finish and the engine idles, `e` arrives. With `admit` False the host preparation
+    constants are zeroed. Returns the durations, the steps that admitted a request and the
+    `after_decode_s` and admitted tokens each of those saw."""
+    from agentx.sim.build import build_engine
+    from agentx.sim.request import SimRequest
+    from sim_calibration.replay import timing_with
+
+    built = build_engine(SimConfig(profile="h200-qwen3-8b-bf16", kv_pool_tokens=196_608))
+    eng = built.engine
+    if not admit:
+        eng.timing = timing_with(built, {"admit_host_ms": 0.0, "admit_host_us_per_token": 0.0})
+    eng.use_virtual_clock()
+    seen: list[tuple[int, float, int]] = []
+    price = eng.timing.step_seconds
+
+    def spy(b):
+        if b.admitted_tokens:
+            seen.append((len(dts), b.after_decode_s, b.admitted_tokens))
+        return price(b)
+
+    eng.timing.step_seconds = spy
+    req = lambda rid, n, out: SimRequest(rid=rid, prompt_len=n, max_tokens=out,  # noqa: E731
+                                         block_hashes=[hash((rid, j)) for j in range(n // 16)])
+    script = {5: req("c", 10_000, 20), 7: req("d", 1_000, 2), 60: req("e", 500, 2)}
+    eng.submit(req("a", 2_000, 30))
+    dts: list[int] = []
+    while len(dts) < 200:
+        if len(dts) in script:
+            eng.submit(script.pop(len(dts)))
+        t0 = eng.virtual_ns
+        if not eng.step_offline():
+            if not script:
+                break
+            dts.append(0)  # idle: nothing to run until the next arrival
+            continue
+        dts.append(eng.virtual_ns - t0)
+    return dts, [i for i, _, _ in seen], [(s, n) for _, s, n in seen]
+
+
+def test_admitting_right_after_a_decode_step_adds_the_host_preparation_it_cannot_hide():
+    """vLLM 0.24 prepares batch k+1 on the host while batch k runs (asynchronous scheduling): a
+    request admitted after a ~11 ms decode-only step costs its preparation beyond that step
+    (measured: ~17 ms + 1.9 ms per 1k admitted tokens, sim_calibration.fit `fit_admit_host`); one
+    admitted after a long prefill step, or into an idle engine, costs nothing more."""
+    with_cost, admitting, after = _step_times(admit=True)
+    without, admitting0, _ = _step_times(admit=False)
+    assert admitting == admitting0 and len(admitting) == 4  # a, c, d, e
+    cal = resolve(SimConfig(profile="h200-qwen3-8b-bf16")).profile.calibration
+    # c: admitted right after a decode step of a, which the step before it took
+    i, (prev, n) = admitting[1], after[1]
+    assert prev == pytest.approx(without[i - 1] / 1e9, rel=1e-6) and prev > 0
+    assert n == 8191  # the step's budget beside a's decode token
+    extra = (cal.admit_host_ms + cal.admit_host_us_per_token * n / 1e3) / 1e3 - prev
+    assert extra > 0.01
+    assert with_cost[i] - without[i] == pytest.approx(extra * 1e9, abs=2)
+    # d: admitted beside c's second chunk, after c's first (a prefill step): nothing more
+    assert after[2][0] == 0.0 and with_cost[admitting[2]] == without[admitting[2]]
+    # e: into an idle engine (the schedule before it was empty): nothing more
+    assert after[3][0] == 0.0 and with_cost[admitting[3]] == without[admitting[3]]
+    # every other step is priced the same; a, first into an empty engine, too
+    assert [x for j, x in enumerate(with_cost) if j != i] == [x for j, x in enumerate(without) if j != i]

@@ -60,7 +60,7 @@ class SimpleCPU(Budgeted):
     stores = (Signal("simple_kv_offload_blocks_stored", vn.total(vn.SIMPLE_SAVE_OUTCOMES),
                      {"outcome": "stored"}),)
     sim_metrics = SimpleCPUMetrics
-    load_gbps = 14.0  # assumption before the H200 fit (profiles set 3.5, docs/simulator.md)
+    load_gbps = 14.0  # assumption before the H200 fit (the profiles set their own, docs/simulator.md)
 
     def store_policy(self) -> StorePolicy:
         return StorePolicy(eager=not self.lazy_offload)

@@ -89,6 +89,7 @@ class SimEngine(Scheduler):
         start = time.perf_counter()
         while True:
             if not self.has_requests:
+                self._decode_s = 0.0  # idle: no step in flight to hide the next one's preparation
                 self.wake.clear()
                 await self.wake.wait()
                 start = time.perf_counter()

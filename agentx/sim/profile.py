@@ -78,6 +78,11 @@ class Calibration(StrictModel):
     # what each connector adds to an engine step, by connector kind (default: the connector's
     # own, agentx.offload: `Connector.step_cost`); written by bench/connector_steps.py --write
     offload_step_cost: dict[str, StepCost] = {}
+    # host-side preparation of a step that admits requests (fixed + per token of their chunks),
+    # hidden behind the step in flight unless that is a shorter decode-only step (sim/timing.py;
+    # measured by sim_calibration.fit on vLLM 0.24's engine steps)
+    admit_host_ms: float = 0.0
+    admit_host_us_per_token: float = 0.0
     # the API server's work before a request reaches the engine (HTTP, chat template,
     # tokenisation), served requests only: fixed + per prompt token
     frontend_ms: float = 0.0

@@ -89,6 +89,7 @@ class Scheduler:
         self.paced_loads = offload is not None and offload.walk_target > 0
         self.seq = 0  # schedules so far
         self._idle = True  # the last schedule was empty: no step in flight
+        self._decode_s = 0.0  # the last step's modelled time if it was decode-only, else 0
         self._deferred: list[list[int]] = []
         # blocks of requests that finished in the step in flight, freed once its output is
         # processed, after the next schedule (asynchronous scheduling; `_free_request` in
@@ -156,6 +157,8 @@ class Scheduler:
         batch.preempted = preempted
         self.seq += 1
         self._idle = batch.empty
+        if batch.empty:
+            self._decode_s = 0.0
         self._count_waiting()
         self.stats.num_running = len(running)
         return batch
@@ -197,6 +200,7 @@ class Scheduler:
             running.append(req)
             budget -= n
             batch.add_prefill(req, req.num_computed, n)
+            batch.admitted_tokens += n
 
     def _count_waiting(self) -> None:
         """vllm:num_requests_waiting counts the waiting queue, the requests holding KV blocks
@@ -299,8 +303,12 @@ class Scheduler:
     def _step_seconds(self, batch: Batch, start: float, scale: float | None = None) -> float:
         """The step's modelled duration on the engine clock (divided by `scale`, by default
         `time_scale`), a preemption's wait for the lazy stores in flight included
-        (`OffloadTier.flush_wait`)."""
-        dt = self.timing.step_seconds(batch) / (scale or self.scale)
+        (`OffloadTier.flush_wait`). The batch learns the previous step's time if that was
+        decode-only (`Batch.after_decode_s`: what an admission's host preparation hides behind)."""
+        batch.after_decode_s = self._decode_s
+        model = self.timing.step_seconds(batch)
+        self._decode_s = model if batch.num_decode == batch.num_seqs else 0.0
+        dt = model / (scale or self.scale)
         if batch.preempted and self.offload is not None and self.offload.walk_target:
             dt += self.offload.flush_wait(start)
         return dt

@@ -2,6 +2,8 @@
 
     t_step = max(t_mem, t_flop) + t_tp + overhead + layers x per_layer + n_seqs x per_seq (+ drafts)
     under a KV connector: t_step x factor, plus stall_ms on a share stall_fraction of steps
+    admitting requests beside decodes right after a decode-only step d: + max(0, prep - t_d),
+        prep = admit_host_ms + admit_host_us_per_token x the admitted requests' tokens this step
     t_mem  = weight bytes read / (BW x mbu) + KV bytes read / (BW x attn_mbu)
     t_flop = 2 x active params / TP x tokens / (peak x mfu) + attention FLOPs / (peak x attn_mfu)
     t_tp   = 2 all-reduces per layer: latency + ring volume 2 (TP-1)/TP x tokens x hidden x 2 B / NVLink
@@ -38,6 +40,8 @@ class Batch:
     read_bytes: float = 0.0
     write_bytes: float = 0.0
     preempted: bool = False  # the schedule preempted a request (vLLM `preempted_req_ids`)
+    admitted_tokens: int = 0  # tokens of the requests this schedule took from the waiting queue
+    after_decode_s: float = 0.0  # the previous step's modelled time, if it was decode-only
 
     @property
     def empty(self) -> bool:
@@ -125,6 +129,9 @@ class StepTiming:
         cost = cal.step_cost(offload)
         self.step_factor, self.stall_share, self.stall_s = cost.factor, cost.stall_fraction, cost.stall_ms / 1e3
         self._stall_due = 0.0
+        # host-side preparation of admitted requests (sim_calibration.fit: fit_admit_host)
+        self.admit_host = cal.admit_host_ms / 1e3
+        self.admit_host_tok = cal.admit_host_us_per_token / 1e6
         self.window = m.attn_window
         self.index_tok = m.index_bytes_per_token / tp if m.attn_window else 0.0
         self.layers = m.layers
@@ -160,6 +167,12 @@ class StepTiming:
             if self._stall_due >= 1.0:
                 self._stall_due -= 1.0
                 t += self.stall_s
+        if b.admitted_tokens and b.after_decode_s and b.num_decode:
+            # vLLM 0.24 prepares batch k+1 on the host while batch k runs (asynchronous
+            # scheduling): a long prefill batch hides a new request's preparation, a decode step
+            # (~11 ms at 32 lanes) does not, and the rest delays the step. Measured only where
+            # decodes go on beside the admission; a request admitted alone is not charged
+            t += max(0.0, self.admit_host + self.admit_host_tok * b.admitted_tokens - b.after_decode_s)
         return t
 
     def frontend_seconds(self, prompt_tokens: int) -> float:

@@ -72,7 +72,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # sim_calibration/: not installed
 from agentx.sim.profile import load_profile  # noqa: E402
-from sim_calibration.steps import load_steps, paired  # noqa: E402
+from sim_calibration.steps import admitting_after_decode, load_steps, paired  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
 
@@ -120,14 +120,12 @@ def copy_rate() -> float:
                              if r["op"] == "load" and r["loaded"] and r["blocks"] >= 16)
 
 
-def admissions(batches: list[dict], nexts: list[dict], decode_ms: np.ndarray, admit: tuple[float, float]) -> float:
+def admissions(steps: list[dict], decode_ms: np.ndarray, admit: tuple[float, float]) -> float:
     """The time (s) the simulator already adds for admitting requests after decode-only batches
     (agentx/sim/timing.py: the next batch's host preparation beyond the decode step's time, with
     the profile's admit_host_ms, admit_host_us_per_token), so the stalls do not count it twice."""
     a, b = admit
-    return sum(max(0.0, a + b * (n.get("tokens", 0) - n.get("decode", 0)) / 1e3 - d)
-               for s, n, d in zip(batches, nexts, decode_ms)
-               if s.get("reqs") and s.get("tokens") == s.get("decode") and n.get("new")) / 1e3
+    return sum(max(0.0, a + b * n / 1e3 - decode_ms[i]) for i, n in admitting_after_decode(steps)) / 1e3
 
 
 def fit_set(st: StepSet, shift: int, per_kind: dict, admit: tuple[float, float] = (0.0, 0.0)) -> None:
@@ -158,7 +156,7 @@ def fit_set(st: StepSet, shift: int, per_kind: dict, admit: tuple[float, float] 
         excess = y - factor * base_ratio * pred
         stalled = excess > threshold
         share = max(0.0, float(stalled.mean()) - 0.01)
-        adm = admissions(batches, runs[name][1:], factor * base_ratio * pred, admit)
+        adm = admissions(runs[name], factor * base_ratio * pred, admit)
         stall_ms = float((excess.sum() - adm * 1e3) / (share * len(y))) if share else 0.0
         lt = np.array([moved(s) for s in batches])
         t = np.array([s["t"] for s in batches])

@@ -51,7 +51,7 @@ from .replay import (
     replay_figures,
     timing_with,
 )
-from .steps import STEPS, load_steps, paired
+from .steps import STEPS, admitting_after_decode, decode_only, load_steps, paired
 
 SERVERS = (0.0, 1.0, 2.0, 4.0, 8.0)  # 0 = unlimited (independent holds)
 FIT_RUNS = ("base", "spec", "spec32")
@@ -83,7 +83,7 @@ def fit_attn_mbu(data_dir: Path, cfg: SimConfig, out=sys.stdout) -> float:
     TPOT (it gave 0.984, against 0.853 measured here)."""
     batches, ms = paired(load_steps(data_dir, STEP_RUN))
     rows = [(s, t) for s, t in zip(batches, ms)
-            if s.get("reqs") and s["tokens"] == s["reqs"] == s.get("decode")]
+            if decode_only(s)]
     y = np.array([t for _, t in rows])
     x = np.array([[1.0, s["reqs"], s.get("ctx", 0)] for s, _ in rows])
     coef, keep, r2, _ = _fit_below(x, y, STALLS)
@@ -137,9 +137,8 @@ def fit_admit_host(data_dir: Path, out=sys.stdout) -> tuple[float, float]:
     rows = []
     for name, folder in ((STEP_RUN, STEPS), *((n, PREFILL_STEPS) for n in PREFILL_RUNS)):
         steps = load_steps(data_dir, name, folder)
-        for s, ms, nxt in zip(*paired(steps), steps[1:]):
-            if s.get("reqs") and s["tokens"] == s["reqs"] == s.get("decode") and nxt.get("new"):
-                rows.append((nxt["tokens"] - nxt.get("decode", 0), ms))
+        ms = paired(steps)[1]
+        rows += [(n, ms[i]) for i, n in admitting_after_decode(steps)]
     x = np.array([[1.0, n / 1e3] for n, _ in rows])
     y = np.array([ms for _, ms in rows])
     (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)

@@ -25,3 +25,18 @@ def paired(steps: list[dict], shift: int = 1) -> tuple[list[dict], list[float]]:
     shift 1 pairs a batch with its own compute (the better fit: bench/connector_steps.py)."""
     batches = steps[:len(steps) - shift] if shift else steps
     return batches, [s["dt"] * 1e3 for s in steps[shift:]]
+
+
+def decode_only(s: dict) -> bool:
+    """A batch of decodes alone: every request in it decodes one token, no prefill chunk."""
+    return bool(s.get("reqs")) and s.get("tokens") == s["reqs"] == s.get("decode")
+
+
+def admitting_after_decode(steps: list[dict]) -> list[tuple[int, int]]:
+    """(i, n) for each decode-only batch i whose next batch admits a new request (the probe's
+    `new`), n that batch's prefill tokens. Where the batch in flight is a decode step, the next
+    batch's host preparation shows in call i+1 (batch i's time under `paired`):
+    sim_calibration.fit prices it on these steps (`fit_admit_host`), bench/connector_steps.py
+    leaves what that prices out of a connector's stalls."""
+    return [(i, nxt.get("tokens", 0) - nxt.get("decode", 0))
+            for i, (s, nxt) in enumerate(zip(steps, steps[1:])) if decode_only(s) and nxt.get("new")]

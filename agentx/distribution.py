@@ -9,6 +9,7 @@ calculate_metrics); std is the population std (`np.std`, ddof=0, as there).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -35,3 +36,19 @@ def percentile(values: Iterable[float | None], p: float) -> float | None:
     """One percentile by the same rule (for a live display that needs only the median)."""
     a = np.fromiter((v for v in values if v is not None), dtype=float)
     return float(np.percentile(a, p)) if a.size else None
+
+
+def rank_interval(values: Iterable[float | None], q: float, z: float = 1.96) -> tuple[float, float]:
+    """Where the q-quantile of the distribution one run sampled lies, at ~95 % (z = 1.96), from
+    that run alone: the order statistics at ranks n q -+ z sqrt(n q (1 - q)), the
+    distribution-free binomial interval for a quantile (Conover, Practical Nonparametric
+    Statistics, 3rd ed., section 3.2). Why: a figure judged on one run has no measured spread,
+    yet a p90 of ~130 requests that falls between a steady state and a start-up tail (a real
+    EAGLE3 run on the H200: 642 ms at one rank, 3,298 ms at the next) moves several-fold with one
+    request more or less in that tail; this says how far a repeat could move it
+    (bench/sim_vs_real.py prints it beside the figures of a run that has no repeat)."""
+    xs = sorted(v for v in values if v is not None)
+    n = len(xs)
+    half = z * (n * q * (1 - q)) ** 0.5
+    r, s = (min(n, max(1, math.ceil(n * q + d))) for d in (-half, half))  # ranks from 1
+    return xs[r - 1], xs[s - 1]

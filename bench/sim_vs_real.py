@@ -50,13 +50,12 @@ from __future__ import annotations
 
 import argparse
 import io
-import math
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # sim_calibration/: not installed
-from agentx.distribution import dist  # noqa: E402
+from agentx.distribution import dist, rank_interval  # noqa: E402
 from sim_calibration.realruns import DATA, jittered, keys, runs  # noqa: E402
 from sim_calibration.replay import measured, replay  # noqa: E402
 
@@ -65,21 +64,6 @@ ROWS = [("TTFT p50", "ttft", "p50"), ("TTFT p90", "ttft", "p90"), ("TTFT p99", "
         ("E2E p90", "e2e", "p90"), ("ITL p50", "itl", "p50")]
 BOUNDS = {"p50": 0.15, "p90": 0.25}  # issue 21's acceptance (p99 and ITL: shown, not bounded)
 NO_FRONT_END = {"frontend_ms": 0.0, "frontend_us_per_prompt_token": 0.0}
-
-
-def rank_interval(values: list[float], q: float, z: float = 1.96) -> tuple[float, float]:
-    """Where the q-quantile of the distribution one run sampled lies, at ~95 % (z = 1.96), from
-    that run alone: the order statistics at ranks n q -+ z sqrt(n q (1 - q)), the
-    distribution-free binomial interval for a quantile (Conover, Practical Nonparametric
-    Statistics, 3rd ed., section 3.2). Why: a figure judged on one run has no measured spread,
-    yet a p90 of ~130 requests that falls between a steady state and a start-up tail (spec32:
-    642 ms at one rank, 3,298 ms at the next) moves several-fold with one request more or less
-    in that tail; this says how far a repeat could move it."""
-    xs = sorted(values)
-    n = len(xs)
-    half = z * (n * q * (1 - q)) ** 0.5
-    r, s = (min(n, max(1, math.ceil(n * q + d))) for d in (-half, half))  # ranks from 1
-    return xs[r - 1], xs[s - 1]
 
 
 def real_figures(recs: list[dict], summ: dict) -> dict:

@@ -102,16 +102,18 @@ def test_rank_interval_covers_the_true_quantile_about_95_percent_of_runs():
     between a steady state and a start-up tail) spans two orders of magnitude."""
     import random
 
+    from agentx.distribution import rank_interval
+
     svr = _sim_vs_real()
     rng = random.Random(7)
     for q in (0.5, 0.9):
         truth = -math.log(1 - q)  # the exponential distribution's q-quantile
         hits = 0
         for _ in range(2000):
-            lo, hi = svr.rank_interval([rng.expovariate(1.0) for _ in range(134)], q)
+            lo, hi = rank_interval([rng.expovariate(1.0) for _ in range(134)], q)
             hits += lo <= truth <= hi
         assert 0.93 <= hits / 2000 <= 0.985, (q, hits)
-    assert svr.rank_interval(list(range(1, 101)), 0.5) == (41, 60)  # Conover's ranks for n=100
+    assert rank_interval(list(range(1, 101)), 0.5) == (41, 60)  # Conover's ranks for n=100
     run = next(r for r in runs(DATA) if r.name == "spec32")
     real = svr.real_figures(*run.load()[1:])
     lo, hi = real["ranks"]["ttft"]["p90"]

@@ -49,6 +49,8 @@ def rank_interval(values: Iterable[float | None], q: float, z: float = 1.96) -> 
     (bench/sim_vs_real.py prints it beside the figures of a run that has no repeat)."""
     xs = sorted(v for v in values if v is not None)
     n = len(xs)
+    if not n:
+        return math.nan, math.nan
     half = z * (n * q * (1 - q)) ** 0.5
     r, s = (min(n, max(1, math.ceil(n * q + d))) for d in (-half, half))  # ranks from 1
     return xs[r - 1], xs[s - 1]

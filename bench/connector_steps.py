@@ -128,9 +128,10 @@ def admissions(steps: list[dict], decode_ms: np.ndarray, admit: tuple[float, flo
     return sum(max(0.0, a + b * n / 1e3 - decode_ms[i]) for i, n in admitting_after_decode(steps)) / 1e3
 
 
-def fit_set(st: StepSet, shift: int, per_kind: dict, admit: tuple[float, float] = (0.0, 0.0)) -> None:
+def fit_set(st: StepSet, shift: int, per_kind: dict, admit: tuple[float, float]) -> None:
     """One set: its baseline model, then every run against it (printed); the fitted runs'
-    constants are added to per_kind."""
+    constants are added to per_kind. `admit`: the profile's (admit_host_ms,
+    admit_host_us_per_token), whose cost the stalls leave out (`admissions`)."""
     runs = {name: load_steps(DATA, name, Path(st.folder) / "steps") for name in st.runs}
     base = [aligned(runs[n], shift, st.exact)[:2] for n, k in st.runs.items() if k == "none"]
     X, y = np.vstack([b[0] for b in base]), np.concatenate([b[1] for b in base])

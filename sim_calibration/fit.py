@@ -82,8 +82,7 @@ def fit_attn_mbu(data_dir: Path, cfg: SimConfig, out=sys.stdout) -> float:
     tokens a step, where the 8-lane runs' ~13k-token contexts left the KV reads to a fit of
     TPOT (it gave 0.984, against 0.853 measured here)."""
     batches, ms = paired(load_steps(data_dir, STEP_RUN))
-    rows = [(s, t) for s, t in zip(batches, ms)
-            if decode_only(s)]
+    rows = [(s, t) for s, t in zip(batches, ms) if decode_only(s)]
     y = np.array([t for _, t in rows])
     x = np.array([[1.0, s["reqs"], s.get("ctx", 0)] for s, _ in rows])
     coef, keep, r2, _ = _fit_below(x, y, STALLS)

@@ -21,7 +21,7 @@ from sim_calibration.events import (
     probed_runs,
 )
 from sim_calibration.realruns import DATA, PROFILE
-from sim_calibration.steps import load_steps
+from sim_calibration.steps import admitting_after_decode, load_steps, paired
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import frontend_events  # noqa: E402
@@ -115,3 +115,17 @@ def test_cli_prints_every_probed_run_and_the_pooled_front_end():
     text = out.getvalue()
     assert all(f"| {name} |" in text for name in RUNS)
     assert "H200, all runs: front end" in text and "H100, all runs: front end" in text
+
+
+def test_the_h100_host_prepares_an_8k_admission_as_the_h200_hosts_do():
+    """The H100 runs stand in for the H200's host side: on the same configuration (the capped pool
+    without a connector, 32 lanes) the decode-only calls before an 8k-chunk admission take on
+    average what they take in the H200's cap32 group (within its run-to-run range)."""
+    def mean_before_admission(name: str, folder: str) -> float:
+        steps = load_steps(DATA, name, Path(folder) / "steps")
+        ms = paired(steps)[1]
+        return float(np.mean([ms[i] for i, _ in admitting_after_decode(steps) if i < len(ms)]))
+
+    h200 = [mean_before_admission(n, d) for n, d in (("cap32", "h200-runs-6"), ("cap32p", "h200-runs-7"),
+                                                     ("cap32p2", "h200-runs-7"))]
+    assert min(h200) <= mean_before_admission("h100-cap32", "h100-runs-2") <= max(h200)

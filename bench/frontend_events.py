@@ -31,10 +31,10 @@ from sim_calibration.events import (  # noqa: E402
     clock_offset,
     first_token_lags,
     fit_frontend,
-    idle_admissions,
     probed_runs,
 )
 from sim_calibration.realruns import DATA, PROFILE  # noqa: E402
+from sim_calibration.steps import idle_admissions  # noqa: E402
 
 
 def _q(xs, q: float) -> str:

@@ -35,6 +35,10 @@ class Probed:
     events: list[dict]
     steps: list[dict]
 
+    def call_ends(self) -> np.ndarray:
+        """When each engine call ended (s, the engine's clock)."""
+        return np.array([s["t"] + s["dt"] for s in self.steps])
+
 
 def probed_runs(data: Path) -> list[Probed]:
     """Every run under `data` with engine events (h*-runs*/steps/NAME-events.jsonl.gz) and its
@@ -81,7 +85,7 @@ def arrivals(run: Probed, offset: float) -> list[Arrival]:
     for e in run.events:
         if e["ev"] == "add":
             add.setdefault(request_key(e["req"]), e["t"])
-    ends = np.array([s["t"] + s["dt"] for s in run.steps])
+    ends = run.call_ends()
     out = []
     for r in run.records:
         t = add.get(r["request_id"])
@@ -106,18 +110,6 @@ def fit_frontend(arrs: list[Arrival]) -> tuple[float, float, float, int]:
     return float(a), float(b), float(np.sqrt(np.mean((x @ [a, b] - y) ** 2))), len(use)
 
 
-def idle_admissions(steps: list[dict], max_tokens: int = 1000) -> list[float]:
-    """The time (ms) of each engine call that admitted one request of under `max_tokens` new
-    tokens after the engine had idled (> 2 ms since the last call ended): with no step in flight
-    to hide it behind, the call is the host's preparation of the batch and its launch."""
-    out = []
-    for prev, s in zip(steps, steps[1:]):
-        if s.get("new") == 1 and s["t"] - (prev["t"] + prev["dt"]) > 0.002 \
-                and s.get("tokens", 0) - s.get("decode", 0) < max_tokens:
-            out.append(s["dt"] * 1e3)
-    return out
-
-
 def first_token_lags(run: Probed, offset: float) -> tuple[list[float], list[float]]:
     """(first, second): for each measured request whose whole uncached prompt ran in the call that
     admitted it (call i), how long after the end of call i+1 (which returns batch i's output) its
@@ -127,7 +119,7 @@ def first_token_lags(run: Probed, offset: float) -> tuple[list[float], list[floa
     for i, s in enumerate(run.steps):
         for q in s.get("new_ids", ()):
             first_call.setdefault(request_key(q), i)
-    ends = [s["t"] + s["dt"] for s in run.steps]
+    ends = run.call_ends()
     first, second = [], []
     for r in run.records:
         i = first_call.get(r["request_id"])

@@ -51,7 +51,7 @@ from .replay import (
     replay_figures,
     timing_with,
 )
-from .steps import STEPS, admitting_after_decode, decode_only, load_steps, paired
+from .steps import STEPS, before_admissions, decode_only, load_steps, paired
 
 SERVERS = (0.0, 1.0, 2.0, 4.0, 8.0)  # 0 = unlimited (independent holds)
 FIT_RUNS = ("base", "spec", "spec32")
@@ -135,9 +135,7 @@ def fit_admit_host(data_dir: Path, out=sys.stdout) -> tuple[float, float]:
     another decode-only one is on the model (docs/simulator.md, "Admitting after a decode step")."""
     rows = []
     for name, folder in ((STEP_RUN, STEPS), *((n, PREFILL_STEPS) for n in PREFILL_RUNS)):
-        steps = load_steps(data_dir, name, folder)
-        ms = paired(steps)[1]
-        rows += [(n, ms[i]) for i, n in admitting_after_decode(steps)]
+        rows += before_admissions(load_steps(data_dir, name, folder))
     x = np.array([[1.0, n / 1e3] for n, _ in rows])
     y = np.array([ms for _, ms in rows])
     (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)

@@ -3,7 +3,8 @@ one gzipped JSON line per engine call, written inside the server by bench/steppr
 the call's time `dt` (s) and the batch it scheduled (`tokens`, `reqs`, `decode` requests, `ctx`:
 the context they had computed, ...; h200-runs-5/README.md; h200-runs-7 adds the prefill chunks
 apart: `pre_reqs`, `pre_tokens`, `pre_ctx`, `pre_attn`). Read by bench/connector_steps.py (what a
-connector adds to a step) and sim_calibration.fit (the KV-read and prefill efficiencies)."""
+connector adds to a step), sim_calibration.fit (the KV-read and prefill efficiencies, the
+admissions' host cost) and bench/frontend_events.py (the admissions into an idle engine)."""
 from __future__ import annotations
 
 import gzip
@@ -40,3 +41,23 @@ def admitting_after_decode(steps: list[dict]) -> list[tuple[int, int]]:
     leaves what that prices out of a connector's stalls."""
     return [(i, nxt.get("tokens", 0) - nxt.get("decode", 0))
             for i, (s, nxt) in enumerate(zip(steps, steps[1:])) if decode_only(s) and nxt.get("new")]
+
+
+def before_admissions(steps: list[dict]) -> list[tuple[int, float]]:
+    """(n, ms) for each decode-only batch whose next batch admits a new request: n that batch's
+    prefill tokens, ms the batch's time (`paired`), which shows the next batch's host preparation
+    where that outlasts the decode step (sim_calibration.fit `fit_admit_host`)."""
+    ms = paired(steps)[1]
+    return [(n, ms[i]) for i, n in admitting_after_decode(steps)]
+
+
+def idle_admissions(steps: list[dict], max_tokens: int = 1000) -> list[float]:
+    """The time (ms) of each engine call that admitted one request of under `max_tokens` new
+    tokens after the engine had idled (> 2 ms since the last call ended): with no step in flight
+    to hide it behind, the call is the host's preparation of the batch and its launch."""
+    out = []
+    for prev, s in zip(steps, steps[1:]):
+        if s.get("new") == 1 and s["t"] - (prev["t"] + prev["dt"]) > 0.002 \
+                and s.get("tokens", 0) - s.get("decode", 0) < max_tokens:
+            out.append(s["dt"] * 1e3)
+    return out

@@ -17,11 +17,10 @@ from sim_calibration.events import (
     clock_offset,
     first_token_lags,
     fit_frontend,
-    idle_admissions,
     probed_runs,
 )
 from sim_calibration.realruns import DATA, PROFILE
-from sim_calibration.steps import admitting_after_decode, load_steps, paired
+from sim_calibration.steps import before_admissions, idle_admissions, load_steps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import frontend_events  # noqa: E402
@@ -122,9 +121,7 @@ def test_the_h100_host_prepares_an_8k_admission_as_the_h200_hosts_do():
     without a connector, 32 lanes) the decode-only calls before an 8k-chunk admission take on
     average what they take in the H200's cap32 group (within its run-to-run range)."""
     def mean_before_admission(name: str, folder: str) -> float:
-        steps = load_steps(DATA, name, Path(folder) / "steps")
-        ms = paired(steps)[1]
-        return float(np.mean([ms[i] for i, _ in admitting_after_decode(steps) if i < len(ms)]))
+        return float(np.mean([ms for _, ms in before_admissions(load_steps(DATA, name, Path(folder) / "steps"))]))
 
     h200 = [mean_before_admission(n, d) for n, d in (("cap32", "h200-runs-6"), ("cap32p", "h200-runs-7"),
                                                      ("cap32p2", "h200-runs-7"))]

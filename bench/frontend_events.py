@@ -13,7 +13,7 @@ written by bench/stepprobe) the client's records and the engine's events are put
 then, per GPU, the front end fitted on all runs together, and how many front-end servers the
 32-lane cold bursts would need with that work and with the profile's fitted work.
 
-Run: .venv/bin/python bench/frontend_events.py   (docs/simulator.md, "The front end, measured")
+Run: .venv/bin/python bench/frontend_events.py   (docs/simulator-calibration-log.md, "The front end, measured")
 """
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ client its recorded gap after the simulator finished the lane's previous one (ea
 request and first measured request at their recorded times; sim_calibration.replay `closed_loop`).
 `recorded` sends every request at its recorded time (open loop): a simulator a little faster than
 the server then gets the arrivals of a slower one and its queue empties, a slower one's fills,
-which near saturation turns small timing errors into large TTFT errors (docs/simulator.md,
-"Closed-loop replay").
+which near saturation turns small timing errors into large TTFT errors
+(docs/simulator-calibration-log.md, "Closed-loop replay").
 
 With `--replays N` each run is replayed N times, replay 0 at the recorded send times and the
 others with every recorded send time moved by a seeded uniform +-J ms (`--jitter-ms`, realruns.jittered):
@@ -41,7 +41,7 @@ judged.
 With `--hits recorded` the small-pool runs keep the simulated cache and tier but each request
 finds exactly the hit its real run recorded (sim_calibration.replay `recorded_hits`): the timing
 model judged on its own, apart from the tier's hit decision, which on these runs' pool swings
-by tens of points with a few percent of tier size (docs/simulator.md).
+by tens of points with a few percent of tier size (docs/simulator-calibration-log.md).
 
 Run: .venv/bin/python bench/sim_vs_real.py [--runs base,spec32] [--profile PATH] [--set FIELD=VALUE]
      [--hits tier|recorded] [--arrivals closed|recorded] [--replays N [--jitter-ms J]]

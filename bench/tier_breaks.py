@@ -3,7 +3,7 @@
 
 On the small-pool offload runs almost every hit comes from the CPU tier, and the simulator finds a
 whole previous prompt more often than the real server, which more often finds a prefix broken
-inside the tier (docs/simulator.md, "Repeats at every tier size"). This counts, for each measured
+inside the tier (docs/simulator-calibration-log.md, "Repeats at every tier size"). This counts, for each measured
 request's first lookup, what became of the first block it did not find: "whole" (it found all it
 may), "new content" (no request had computed it: everything before it was found), "cpu-evicted",
 "gpu-evicted without a CPU copy" (the lazy walk did not store it before the allocator took it, or

@@ -132,7 +132,7 @@ def fit_admit_host(data_dir: Path, out=sys.stdout) -> tuple[float, float]:
     batch admits a new request, least squares of the batch's time (steps.paired) on (1, the next
     batch's prefill tokens). Their time is 16 ms before a chunk under 1k tokens and 28-37 ms
     before an 8k chunk, where the decode steps themselves take 6-11 ms; a decode-only batch before
-    another decode-only one is on the model (docs/simulator.md, "Admitting after a decode step")."""
+    another decode-only one is on the model (docs/simulator-calibration-log.md, "Admitting after a decode step")."""
     rows = []
     for name, folder in ((STEP_RUN, STEPS), *((n, PREFILL_STEPS) for n in PREFILL_RUNS)):
         rows += before_admissions(load_steps(data_dir, name, folder))

@@ -43,7 +43,7 @@ def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
     its first token a request finds its recorded hit, no more and no less (`_impose_hit`), in the
     tier when there is one, so loads, stores, evictions and preemptions still run as modelled and
     only the hit decision is the real run's. That separates the timing model from the tier's
-    hit decision, which at 32 lanes on this pool is chaotic (docs/simulator.md).
+    hit decision, which at 32 lanes on this pool is chaotic (docs/simulator-calibration-log.md).
 
     `stats`, if given, gets the tier's block totals at the end: `stored`, `loaded`, `cpu_evicted`,
     `gpu_evicted` and `gpu_evicted_unstored` (what bench/stepprobe counts on a real server).

@@ -1,5 +1,5 @@
 """sim_calibration/events.py: client records and vLLM engine events on one clock, and the claims
-docs/simulator.md ("The front end, measured") makes from the shipped probed runs."""
+docs/simulator-calibration-log.md ("The front end, measured") makes from the shipped probed runs."""
 from __future__ import annotations
 
 import io

@@ -178,7 +178,7 @@ def test_the_lazy_walk_loses_as_many_blocks_as_the_real_server():
     them) and the blocks its walks stored (107,805). A replay with the tier deciding the hits
     (sim/offload.py `OffloadTier.walk`) gives the same quantities: the amount of content the walk
     saves and loses is modelled; which requests then find a whole prefix is what differs
-    (docs/simulator.md)."""
+    (docs/simulator-calibration-log.md)."""
     from agentx.trace.load import load_traces
     from sim_calibration.realruns import keys
     from sim_calibration.replay import replay

@@ -18,10 +18,23 @@ capped pool (12,288 blocks of 16 tokens) and the `swe` trace:
     cap32p, cap32p2   no connector                    the baseline (both runs)
     offbp3            SimpleCPUOffload 60 GiB lazy    fitted: simple-cpu
 
+    h200-runs-8, h200-runs-9 (shown against h200-runs-7's baseline, not fitted)
+    off54, off68, off68b, off75, off54b, off54c, off68c, off75b, offbp4
+                      SimpleCPUOffload, offbp3's configuration with a 54-75 GB tier and repeats
+
 SimpleCPUOffload is fitted on h200-runs-7: its steps' prefill is known exactly (h200-runs-5 knew
 only the longest context of a step), and 32 lanes is the load of the offb runs the simulator is
 judged on; the 16-lane runs are shown (they gave factor 1.0 and no stalls: fewer preemptions and
-loads a step).
+loads a step), and so are the nine later 32-lane runs (their baseline was measured on another day,
+so their stall_ms can come out negative where their factor overprices their prefill steps).
+
+Each set ends with its runs' steps by class, against the baseline and normalised by the baseline
+runs' own ratio per class: steps with prompt tokens, and decode-only steps (median ratio / summed
+time ratio). Under SimpleCPUOffload at 32 lanes the prefill steps take the baseline's time (summed
+0.96-0.99 on all ten runs, the baseline runs' own 0.99) and the decode-only steps carry the
+connector's extra time (1.16-1.35, the baseline runs' own 1.04-1.05):
+the profile's one factor on every step overprices the prefill steps by its few percent. Shown,
+not written (docs/simulator-calibration-log.md, "SimpleCPUOffload's cost by step class").
 
 Method:
 1. Baseline step model, fitted by least squares on the set's baseline (no connector):
@@ -83,12 +96,19 @@ class StepSet:
     runs: dict[str, str]  # run -> connector kind ("none": a baseline run)
     fitted: tuple[str, ...]  # the runs whose constants are written
     exact: bool  # the probe logged the prefill chunks apart (pre_tokens, pre_ctx, pre_attn)
+    shown: tuple[tuple[str, str, str], ...] = ()  # (run, folder, kind) elsewhere, shown against this baseline
 
 
+# the other probed SimpleCPUOffload runs at 32 lanes with their prefill chunks logged apart (offbp3's
+# configuration at 54, 68 and 75 GB of tier and repeats), shown against h200-runs-7's baseline
+SHOWN_32 = tuple((run, folder, "simple-cpu")
+                 for folder, names in (("h200-runs-8", ("off54", "off68", "off68b", "off75")),
+                                       ("h200-runs-9", ("off54b", "off54c", "off68c", "off75b", "offbp4")))
+                 for run in names)
 SETS = (StepSet("h200-runs-5", {"cap": "none", "ab0-a": "simple-cpu", "ab-a": "simple-cpu",
                                 "ab-b": "mooncake", "o32": "simple-cpu"}, ("ab-b",), False),
         StepSet("h200-runs-7", {"cap32p": "none", "cap32p2": "none", "offbp3": "simple-cpu"},
-                ("offbp3",), True))
+                ("offbp3",), True, SHOWN_32))
 
 
 def features(s: dict, exact: bool) -> list[float]:
@@ -128,11 +148,33 @@ def admissions(steps: list[dict], decode_ms: np.ndarray, admit: tuple[float, flo
     return sum(max(0.0, a + b * n / 1e3 - decode_ms[i]) for i, n in admitting_after_decode(steps)) / 1e3
 
 
+def by_class(batches: list[dict], real: np.ndarray, model: np.ndarray) -> dict[str, tuple[int, float, float]]:
+    """Steps with prefill tokens and decode-only steps apart: (steps, median real/model, summed
+    real over summed model); `model` is the baseline's price scaled by its own median ratio."""
+    pre = np.array([s.get("tokens", 0) > s.get("decode", 0) for s in batches])
+    return {c: (int(m.sum()), float(np.median(real[m] / model[m])), float(real[m].sum() / model[m].sum()))
+            for c, m in (("prefill", pre), ("decode-only", ~pre)) if m.any()}
+
+
+def print_by_class(classes: list[tuple[str, str, dict]]) -> None:
+    """Each run's steps by class against the baseline, each class normalised by the baseline
+    runs' own median ratio for that class (the baseline runs are printed too): where a
+    connector's extra time falls. Shown, not fitted."""
+    base = [c for _, k, c in classes if k == "none"]
+    norm = {c: statistics.median(b[c][1] for b in base) for c in ("prefill", "decode-only")}
+    print(f"\n{'run':7s} {'connector':11s} | by step class against the baseline (median ratio / summed time ratio)")
+    for name, kind, c in classes:
+        cells = [f"{k} {c[k][0]:5d} steps {c[k][1] / norm[k]:.3f} / {c[k][2] / norm[k]:.3f}" for k in norm if k in c]
+        print(f"{name:7s} {kind:11s} | " + " | ".join(cells))
+
+
 def fit_set(st: StepSet, shift: int, per_kind: dict, admit: tuple[float, float]) -> None:
     """One set: its baseline model, then every run against it (printed); the fitted runs'
     constants are added to per_kind. `admit`: the profile's (admit_host_ms,
     admit_host_us_per_token), whose cost the stalls leave out (`admissions`)."""
-    runs = {name: load_steps(DATA, name, Path(st.folder) / "steps") for name in st.runs}
+    kinds = {**st.runs, **{name: kind for name, _, kind in st.shown}}
+    folders = {**dict.fromkeys(st.runs, st.folder), **{name: folder for name, folder, _ in st.shown}}
+    runs = {name: load_steps(DATA, name, Path(folders[name]) / "steps") for name in kinds}
     base = [aligned(runs[n], shift, st.exact)[:2] for n, k in st.runs.items() if k == "none"]
     X, y = np.vstack([b[0] for b in base]), np.concatenate([b[1] for b in base])
     coef = np.linalg.lstsq(X, y, rcond=None)[0]
@@ -150,7 +192,8 @@ def fit_set(st: StepSet, shift: int, per_kind: dict, admit: tuple[float, float])
           f"{'factor':>7s} {'stall %':>8s} {'stall ms':>9s} {'excess s':>9s} {'admit s':>8s} "
           f"{'k tok loaded':>12s} {'k tok stored':>12s} {'window R2':>9s} {'sched conn ms/step':>18s} "
           f"{'reqs/step':>9s} {'tok/step':>10s}")
-    for name, kind in st.runs.items():
+    classes = []  # per run: (name, kind, ratios and times by step class)
+    for name, kind in kinds.items():
         X, y, batches = aligned(runs[name], shift, st.exact)
         pred = X @ coef
         factor = float(np.median(y / pred)) / base_ratio
@@ -180,8 +223,10 @@ def fit_set(st: StepSet, shift: int, per_kind: dict, admit: tuple[float, float])
               f"{adm:8.1f} "
               f"{lt[:, 0].sum() / 1e3:12.0f} {lt[:, 1].sum() / 1e3:12.0f} {wr2:9.2f} {sched:18.3f} "
               f"{mreqs:9.2f} {mtok:10.0f}{'' if name in st.fitted or kind == 'none' else '  (not fitted)'}")
+        classes.append((name, kind, by_class(batches, y, base_ratio * pred)))
         if name in st.fitted:
             per_kind.setdefault(kind, []).append((len(y), factor, share, stall_ms))
+    print_by_class(classes)
 
 
 def fit(shift: int, profile: str = "h200-qwen3-8b-bf16") -> dict:

@@ -39,6 +39,26 @@ def test_profile_constants_are_what_the_fit_writes_from_the_measurements(tmp_pat
     assert mc.factor > 1.1 and mc.stall_fraction > 0.01 and mc.stall_ms > sc.stall_ms
 
 
+def test_simple_cpu_offloads_extra_time_is_in_its_decode_only_steps():
+    """On every probed SimpleCPUOffload run at 32 lanes (offbp3 against its own day's baseline,
+    the nine of h200-runs-8 and -9 shown against it), steps that compute prompt tokens take what
+    the same batches take without a connector, and the decode-only steps carry the connector's
+    extra time: so a factor on every step, the profile's model, overprices the prefill steps."""
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "connector_steps.py")],
+                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    rows = re.findall(r"^(\S+)\s+simple-cpu\s+\| prefill\s+(\d+) steps ([\d.]+) / ([\d.]+) \| "
+                      r"decode-only\s+(\d+) steps ([\d.]+) / ([\d.]+)$", out.stdout, re.M)
+    runs = {r[0]: [float(x) for x in r[1:]] for r in rows}
+    probed = {"offbp3", "off54", "off68", "off68b", "off75", "off54b", "off54c", "off68c", "off75b", "offbp4"}
+    assert probed <= set(runs)
+    for name in probed:
+        n_pre, _, pre_time, n_dec, _, dec_time = runs[name]
+        assert n_pre > 300 and n_dec > 2500, name
+        assert 0.95 < pre_time < 1.0, (name, pre_time)  # prefill steps: the baseline's time
+        assert dec_time > 1.15, (name, dec_time)  # decode-only steps: 16-35 % more in all
+
+
 def _steps(kind: str, n: int = 2000) -> list[float]:
     r = resolve(SimConfig(profile="h200-qwen3-8b-bf16", kv_pool_tokens=196_608))
     t = StepTiming(r, 0, offload=kind)

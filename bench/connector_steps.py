@@ -35,6 +35,8 @@ time ratio). Under SimpleCPUOffload at 32 lanes the prefill steps take the basel
 connector's extra time (1.16-1.35, the baseline runs' own 1.04-1.05):
 the profile's one factor on every step overprices the prefill steps by its few percent. Shown,
 not written (docs/simulator-calibration-log.md, "SimpleCPUOffload's cost by step class").
+h200-runs-5's split is rough: without the chunks logged apart its baseline prices a prefill step
+from the step's longest context, so its prefill column is not comparable with h200-runs-7's.
 
 Method:
 1. Baseline step model, fitted by least squares on the set's baseline (no connector):

@@ -18,13 +18,19 @@ from agentx.sim.timing import StepTiming
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_profile_constants_are_what_the_fit_writes_from_the_measurements(tmp_path):
-    """The shipped profile's offload_step_cost is bench/connector_steps.py's output on the
-    real per-step data, not a figure typed in."""
+@pytest.fixture(scope="module")
+def connector_steps_output() -> str:
+    """bench/connector_steps.py's printout on the shipped per-step data (run once for the module)."""
     out = subprocess.run([sys.executable, str(REPO / "bench" / "connector_steps.py")],
                          capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr
-    fitted = re.search(r"per connector \(pooled over [^)]*\): (\{.*\})", out.stdout).group(1)
+    return out.stdout
+
+
+def test_profile_constants_are_what_the_fit_writes_from_the_measurements(connector_steps_output):
+    """The shipped profile's offload_step_cost is bench/connector_steps.py's output on the
+    real per-step data, not a figure typed in."""
+    fitted = re.search(r"per connector \(pooled over [^)]*\): (\{.*\})", connector_steps_output).group(1)
     shipped = load_profile("h200-qwen3-8b-bf16").calibration.offload_step_cost
     for kind in ("simple-cpu", "mooncake"):
         c = shipped[kind]
@@ -39,16 +45,13 @@ def test_profile_constants_are_what_the_fit_writes_from_the_measurements(tmp_pat
     assert mc.factor > 1.1 and mc.stall_fraction > 0.01 and mc.stall_ms > sc.stall_ms
 
 
-def test_simple_cpu_offloads_extra_time_is_in_its_decode_only_steps():
+def test_simple_cpu_offloads_extra_time_is_in_its_decode_only_steps(connector_steps_output):
     """On every probed SimpleCPUOffload run at 32 lanes (offbp3 against its own day's baseline,
     the nine of h200-runs-8 and -9 shown against it), steps that compute prompt tokens take what
     the same batches take without a connector, and the decode-only steps carry the connector's
     extra time: so a factor on every step, the profile's model, overprices the prefill steps."""
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "connector_steps.py")],
-                         capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert out.returncode == 0, out.stderr
     rows = re.findall(r"^(\S+)\s+simple-cpu\s+\| prefill\s+(\d+) steps ([\d.]+) / ([\d.]+) \| "
-                      r"decode-only\s+(\d+) steps ([\d.]+) / ([\d.]+)$", out.stdout, re.M)
+                      r"decode-only\s+(\d+) steps ([\d.]+) / ([\d.]+)$", connector_steps_output, re.M)
     runs = {r[0]: [float(x) for x in r[1:]] for r in rows}
     probed = {"offbp3", "off54", "off68", "off68b", "off75", "off54b", "off54c", "off68c", "off75b", "offbp4"}
     assert probed <= set(runs)

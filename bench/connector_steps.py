@@ -32,9 +32,12 @@ Each set ends with its runs' steps by class, against the baseline and normalised
 runs' own ratio per class: steps with prompt tokens, and decode-only steps (median ratio / summed
 time ratio). Under SimpleCPUOffload at 32 lanes the prefill steps take the baseline's time (summed
 0.96-0.99 on all ten runs, the baseline runs' own 0.99) and the decode-only steps carry the
-connector's extra time (1.16-1.35, the baseline runs' own 1.04-1.05):
-the profile's one factor on every step overprices the prefill steps by its few percent. Shown,
-not written (docs/simulator-calibration-log.md, "SimpleCPUOffload's cost by step class").
+connector's extra time (1.16-1.35, the baseline runs' own 1.04-1.05), so one factor on every step
+overprices the prefill steps (docs/simulator-calibration-log.md, "SimpleCPUOffload's cost by step
+class"). What the decode-only steps carry is the host's launch of the step's copies (the worker's
+`get_finished` launches its loads and stores after the model; a long step hides it): so for
+SimpleCPUOffload (`LAUNCH_KINDS`) the fit is the launch, ms per 1,000 loaded and stored blocks,
+and the set's table by class is printed again with each step priced max(baseline, launch).
 h200-runs-5's split is rough: without the chunks logged apart its baseline prices a prefill step
 from the step's longest context, so its prefill column is not comparable with h200-runs-7's.
 
@@ -57,11 +60,14 @@ Method:
    modelled mean step, hence mean TPOT, is the measured one). The excess is also
    regressed per 2-s window on the tokens loaded and stored in
    it, to show whether it follows the blocks moved (R2 printed).
-3. The connector's load rate is the copy rate vLLM 0.24's own SimpleCPUOffload path measured on
+3. SimpleCPUOffload instead: a step takes max(its baseline price, a x loaded + b x stored blocks /
+   1,000), a and b by least squares over the fitted run's steps that move blocks (a grid of 1 ms,
+   then 0.1 ms); written with factor 1 and no stalls (sim/timing.py prices it so).
+4. The connector's load rate is the copy rate vLLM 0.24's own SimpleCPUOffload path measured on
    the same H200 (tests/data/h200-runs-5/copyrate.json: the median load GB/s of batches of 16+
    blocks with a GEMM loop on another stream).
 
-4. Not written: with the measured copy rate in place of the profile's effective 3.5 GB/s (and
+5. Not written: with the measured copy rate in place of the profile's effective 3.5 GB/s (and
    a fixed load latency bisected so that the anchor measurement, docs/references.md §5, still
    holds), bench/sim_vs_real.py fell from 6/7 to 4/7 on the offb group: the effective rate stands
    in for what the simulator lacks there (docs/simulator.md, "Connector step costs").
@@ -158,6 +164,39 @@ def by_class(batches: list[dict], real: np.ndarray, model: np.ndarray) -> dict[s
             for c, m in (("prefill", pre), ("decode-only", ~pre)) if m.any()}
 
 
+# connectors whose cost is priced as the host's launch of each step's copies (the rest: factor
+# and stalls); SimpleCPUOffload launches its loads and stores in `get_finished`, after the model
+LAUNCH_KINDS = ("simple-cpu",)
+
+
+def blocks(batches: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """Thousands of blocks each batch's connector metadata loads and stores."""
+    return (np.array([s.get("load_blocks", 0) for s in batches]) / 1e3,
+            np.array([s.get("store_blocks", 0) for s in batches]) / 1e3)
+
+
+def launch_model(pred: np.ndarray, load_k: np.ndarray, store_k: np.ndarray, c: tuple[float, float]) -> np.ndarray:
+    """A step's time with the copies it launches: the host's launch (`c` ms per 1,000 loaded and
+    stored blocks) hides behind a longer step and sets a shorter one (sim/timing.py)."""
+    return np.maximum(pred, c[0] * load_k + c[1] * store_k)
+
+
+def fit_launch(y: np.ndarray, pred: np.ndarray, load_k: np.ndarray, store_k: np.ndarray) -> tuple[float, float]:
+    """Least squares of `launch_model` on a run's steps: a grid of 1 ms, then of 0.1 ms around it."""
+    moved = (load_k + store_k) > 0
+    y, pred, load_k, store_k = y[moved], pred[moved], load_k[moved], store_k[moved]
+    best = (0.0, 0.0)
+    for step, span in ((1.0, (0.0, 150.0, 0.0, 150.0)), (0.1, None)):
+        if span is None:
+            span = (best[0] - 1, best[0] + 1, best[1] - 1, best[1] + 1)
+        ls = np.arange(max(0.0, span[0]), span[1] + step / 2, step)
+        ss = np.arange(max(0.0, span[2]), span[3] + step / 2, step)
+        sse = [[float(np.sum((y - launch_model(pred, load_k, store_k, (a, b))) ** 2)) for b in ss] for a in ls]
+        i, j = np.unravel_index(int(np.argmin(sse)), (len(ls), len(ss)))
+        best = (float(ls[i]), float(ss[j]))
+    return round(best[0], 1), round(best[1], 1)
+
+
 def print_by_class(classes: list[tuple[str, str, dict]]) -> None:
     """Each run's steps by class against the baseline, each class normalised by the baseline
     runs' own median ratio for that class (the baseline runs are printed too): where a
@@ -195,6 +234,12 @@ def fit_set(st: StepSet, shift: int, per_kind: dict, admit: tuple[float, float])
           f"{'k tok loaded':>12s} {'k tok stored':>12s} {'window R2':>9s} {'sched conn ms/step':>18s} "
           f"{'reqs/step':>9s} {'tok/step':>10s}")
     classes = []  # per run: (name, kind, ratios and times by step class)
+    launch = {}  # kind -> (load, store) ms per 1,000 blocks, from the set's fitted runs
+    for name in st.fitted:
+        if kinds[name] in LAUNCH_KINDS:
+            X, y, batches = aligned(runs[name], shift, st.exact)
+            launch[kinds[name]] = fit_launch(y, base_ratio * (X @ coef), *blocks(batches))
+    priced = []  # per run of a launch kind: (name, kind, by class with the launch model)
     for name, kind in kinds.items():
         X, y, batches = aligned(runs[name], shift, st.exact)
         pred = X @ coef
@@ -226,9 +271,18 @@ def fit_set(st: StepSet, shift: int, per_kind: dict, admit: tuple[float, float])
               f"{lt[:, 0].sum() / 1e3:12.0f} {lt[:, 1].sum() / 1e3:12.0f} {wr2:9.2f} {sched:18.3f} "
               f"{mreqs:9.2f} {mtok:10.0f}{'' if name in st.fitted or kind == 'none' else '  (not fitted)'}")
         classes.append((name, kind, by_class(batches, y, base_ratio * pred)))
+        if kind == "none" or kind in launch:
+            c = launch.get(kind, (0.0, 0.0))
+            priced.append((name, kind, by_class(batches, y, launch_model(base_ratio * pred, *blocks(batches), c))))
         if name in st.fitted:
-            per_kind.setdefault(kind, []).append((len(y), factor, share, stall_ms))
+            per_kind.setdefault(kind, []).append((len(y), factor, share, stall_ms, launch.get(kind)))
     print_by_class(classes)
+    for kind, c in launch.items():
+        print(f"\n{kind}: the host's launch of each step's copies, fitted on {', '.join(st.fitted)}: "
+              f"{c[0]:.1f} ms per 1,000 loaded blocks, {c[1]:.1f} ms per 1,000 stored blocks; each run "
+              f"priced with it (a step takes the longer of its baseline time and its launch; no factor, "
+              f"no stalls):")
+        print_by_class(priced)
 
 
 def fit(shift: int, profile: str = "h200-qwen3-8b-bf16") -> dict:
@@ -246,11 +300,15 @@ def fit(shift: int, profile: str = "h200-qwen3-8b-bf16") -> dict:
         q = sum(r[0] * r[2] for r in rows) / n
         ms = sum(r[0] * r[2] * r[3] for r in rows) / (q * n) if q else 0.0
         out[kind] = {"factor": round(f, 3), "stall_fraction": round(q, 4), "stall_ms": round(ms, 1)}
+        if kind in LAUNCH_KINDS:  # the launch model replaces the factor and the stalls
+            load, store = rows[0][4]  # fitted on the set's run (offbp3)
+            out[kind] = {"factor": 1.0, "stall_fraction": 0.0, "stall_ms": 0.0,
+                         "load_ms_per_kblock": load, "store_ms_per_kblock": store}
     rate = copy_rate()
     fitted = ", ".join(n for st in SETS for n in st.fitted)
     print(f"\nper connector (pooled over {fitted}, by steps): {out}")
     print(f"simple-cpu copy rate measured: {rate:.1f} GB/s (copyrate.json, median of loads of "
-          f"16+ blocks under a GEMM loop); the profile's effective load rate is kept (docstring, 4.)")
+          f"16+ blocks under a GEMM loop); the profile's effective load rate is kept (docstring, 5.)")
     return {"offload_step_cost": out}
 
 

@@ -11,7 +11,10 @@ written by bench/stepprobe) the client's records and the engine's events are put
 - how long after the engine call that returned it a stream's first token reached the client,
   against its second token;
 then, per GPU, the front end fitted on all runs together, and how many front-end servers the
-32-lane cold bursts would need with that work and with the profile's fitted work.
+32-lane cold bursts would need with that work and with the profile's fitted work; and last, per
+32-lane run, the order in which the engine core received the cold burst against the send order and
+the profile's front end (its reads of long bodies, sim/frontend.py `reads`): each request's summed
+distance from its real place, and where the longest prompt landed.
 
 Run: .venv/bin/python bench/frontend_events.py   (docs/simulator-calibration-log.md, "The front end, measured")
 """
@@ -24,13 +27,17 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agentx.sim.build import frontend  # noqa: E402
 from agentx.sim.profile import load_profile  # noqa: E402
 from sim_calibration.events import (  # noqa: E402
     arrivals,
+    burst,
     burst_need,
     clock_offset,
+    displacement,
     first_token_lags,
     fit_frontend,
+    frontend_order,
     probed_runs,
 )
 from sim_calibration.realruns import DATA, PROFILE  # noqa: E402
@@ -75,6 +82,19 @@ def main(argv: list[str]) -> int:
                 print(f"  cold bursts at 32 lanes with the {label} work ({fa:.2f} ms + {fb:.3f} us/token): one "
                       f"server needs {min(need):.2f}..{max(need):.2f} x the time the engine took to receive them "
                       f"({sum(x > 1 for x in need)} of {len(need)} runs above 1)")
+    print("\n| run | burst | summed distance from the real order: send order | profile's front end "
+          "| longest prompt (tokens): sent / real / profile |")
+    print("|---|---:|---:|---:|---|")
+    for run in runs:
+        sent, real = burst(run)
+        if run.lanes < 32 or not sent:
+            continue
+        model = frontend_order(frontend(cal), sent)
+        sent_ids = [r["request_id"] for r in sent]
+        longest = max(sent, key=lambda r: r["isl"])["request_id"]
+        isl = max(r["isl"] for r in sent)
+        print(f"| {run.name} | {len(sent)} | {displacement(sent_ids, real)} | {displacement(model, real)} "
+              f"| {isl:,}: {sent_ids.index(longest) + 1} / {real.index(longest) + 1} / {model.index(longest) + 1} |")
     return 0
 
 

@@ -145,3 +145,31 @@ def burst_need(run: Probed, a_ms: float, b_us: float) -> float | None:
     span = adds[-1]["t"] - adds[0]["t"]
     work = sum(a_ms / 1e3 + b_us / 1e6 * e["prompt"] for e in adds[1:])
     return work / max(span, 1e-9)
+
+
+def burst(run: Probed) -> tuple[list[dict], list[str]]:
+    """The run's cold burst (the first request of every lane, sent at once): its records in send
+    order, and their ids in the order the engine core received them (its `add`s); ([], []) if
+    the run has fewer adds than lanes."""
+    adds = [request_key(e["req"]) for e in run.events if e["ev"] == "add"][:run.lanes]
+    by_id = {r["request_id"]: r for r in run.records}
+    if len(adds) < run.lanes or not all(a in by_id for a in adds):
+        return [], []
+    return sorted((by_id[a] for a in adds), key=lambda r: r["start_ns"]), adds
+
+
+def frontend_order(fe, sent: list[dict]) -> list[str]:
+    """The order in which the front end `fe` (sim/frontend.py, fresh) hands `sent` (records in
+    send order) to the engine."""
+    t0, out = sent[0]["start_ns"], []
+    for r in sent:
+        out += fe.add((r["start_ns"] - t0) / 1e9, r["request_id"], fe.work(r["isl"]), fe.reads(r["isl"]))
+    while fe.jobs or fe.held:
+        out += fe.advance(fe.next_finish() or fe.now)
+    return [rid for _, rid in out]
+
+
+def displacement(order: list[str], real: list[str]) -> int:
+    """Summed distance of each request from its real place."""
+    pos = {rid: i for i, rid in enumerate(real)}
+    return sum(abs(i - pos[rid]) for i, rid in enumerate(order))

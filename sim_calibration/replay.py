@@ -117,7 +117,7 @@ def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
         done = []
         while nxt < len(todo) and todo[nxt][0] <= now:
             _, _, req = todo[nxt]
-            done += fe.add(req.arrival_ns / 1e9, req, fe.work(req.prompt_len))
+            done += fe.add(req.arrival_ns / 1e9, req, fe.work(req.prompt_len), fe.reads(req.prompt_len))
             nxt += 1
         done += fe.advance(now / 1e9)
         for t, req in done:

@@ -40,11 +40,15 @@ class StepCost(StrictModel):
     Measured on the H200 by bench/connector_steps.py (per-step timings of real vLLM 0.24 with and
     without the connector, docs/simulator.md): `factor` scales every step (its median ratio), and
     a share `stall_fraction` of steps carries a further `stall_ms` (the heavy tail: the store's
-    work competing with the engine's). The default adds nothing."""
+    work competing with the engine's). A connector that launches a step's copies on the host after
+    the model (SimpleCPUOffload) costs that launch instead, per 1,000 blocks loaded and stored: a
+    step takes the longer of its own time and the launch. The default adds nothing."""
 
     factor: float = opt(1.0, "every step's time x this", gt=0)
     stall_fraction: float = opt(0.0, "share of steps that stall", ge=0, le=1)
     stall_ms: float = opt(0.0, "mean extra time of a stalled step, ms", ge=0)
+    load_ms_per_kblock: float = opt(0.0, "host time to launch the copies of 1,000 loaded blocks, ms", ge=0)
+    store_ms_per_kblock: float = opt(0.0, "host time to launch the copies of 1,000 stored blocks, ms", ge=0)
 
 
 @dataclass(frozen=True)

@@ -145,9 +145,11 @@ class SimServer:
         their bytes arrived, so our own parsing is part of it."""
         if self.cfg.fixed_ttft_ms is not None:
             return
-        work = self.built.frontend.work(sum(r.prompt_len for r in reqs))
+        tokens = sum(r.prompt_len for r in reqs)
+        work = self.built.frontend.work(tokens)
         if work > 0:
-            await self.front.hold(work, max(0.0, (time.perf_counter_ns() - since_ns) / 1e9))
+            await self.front.hold(work, max(0.0, (time.perf_counter_ns() - since_ns) / 1e9),
+                                  self.built.frontend.reads(tokens))
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         arrival_ns, arrival_wall = time.perf_counter_ns(), time.time_ns()

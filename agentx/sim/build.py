@@ -93,7 +93,8 @@ def build_engine(cfg: SimConfig) -> BuiltEngine:
 def frontend(cal) -> FrontEnd:
     """The API server's front end from a profile's calibration section."""
     return FrontEnd(cal.frontend_ms / 1e3, cal.frontend_us_per_prompt_token / 1e6, cal.frontend_servers,
-                    ordered=cal.frontend_in_order)
+                    ordered=cal.frontend_in_order, first_read_tokens=cal.frontend_first_read_tokens,
+                    read_tokens=cal.frontend_read_tokens)
 
 
 def cache_config_labels(cfg: SimConfig, r: Resolved, max_model_len: int) -> dict[str, str]:

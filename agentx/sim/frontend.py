@@ -11,10 +11,21 @@ unlimited capacity (every request held exactly its own work, independently: the 
 
 `ordered`: requests leave in the order they arrived, as measured on vLLM 0.24 (the engine core's
 `add` of 179 requests against their send times, tests/data/h200-runs-6: no request overtook an
-earlier one by more than 0.1 ms; a burst of 31 cold prompts left together, in send order, 0.4 s
-after the first). A request whose work is done waits, no longer sharing the capacity, until every
-earlier one has left. Without it (the model of 2026-12-02) a short request sent after a long cold
-one leaves first, and the engine, first come first served, serves a cold burst shortest first.
+earlier one by more than 0.1 ms). A request whose work is done waits, no longer sharing the
+capacity, until every earlier one has left. Without it (the model of 2026-12-02) a short request
+sent after a long cold one leaves first, and the engine, first come first served, serves a cold
+burst shortest first.
+
+`reads` (with `ordered`): a long prompt's request body does not arrive in one read. The server's
+first read takes what the socket buffered (about `first_read_tokens` of prompt, as agentx sends
+token ids), each later read `read_tokens` more, and between two reads the event loop serves every
+request already waiting, so at each later read the request goes to the back of the line while its
+work goes on. Measured in the cold bursts of all 20 probed 32-lane runs (32 prompts sent within
+4 ms, tests/data/h200-runs-6 to -9, h100-runs*): the engine core received them in send order except
+the long ones, a 127k-token prompt sent 21st always last, 60k and 63k ones just before it, and
+prompts of 24.6k tokens and more behind every shorter one sent after them (23.9k and less never;
+26-27k in some runs only: the body's bytes, not its tokens, decide). A request alone in the server
+takes its reads at once.
 
 `FrontEnd` is pure bookkeeping on a caller's clock (seconds); the served simulator drives it from
 its event loop (`ServedFrontEnd`), the replay (sim_calibration/replay.py) from its virtual clock.
@@ -29,7 +40,8 @@ from dataclasses import dataclass, field
 class _Job:
     item: object
     left: float  # seconds of work still to do at full rate
-    seq: int = 0  # arrival order
+    seq: int = 0  # place in the leaving order: arrival, or a later turn (`reads`)
+    reads: int = 0  # reads of its body still to come, each a turn at the back of the line
 
 
 @dataclass
@@ -38,6 +50,10 @@ class FrontEnd:
     per_token_s: float
     servers: float = 0.0  # capacity shared by the requests inside (0 = unlimited)
     ordered: bool = False  # leave in arrival order (a finished request waits for earlier ones)
+    # with `ordered`: prompt tokens whose body the first read takes whole, and each later read
+    # (0: every body in one read)
+    first_read_tokens: int = 0
+    read_tokens: int = 0
     now: float = 0.0
     jobs: list[_Job] = field(default_factory=list)  # still being worked on
     held: list[_Job] = field(default_factory=list)  # done, waiting for an earlier arrival to leave
@@ -47,16 +63,25 @@ class FrontEnd:
         """Seconds of front-end work one request of this prompt size needs."""
         return self.fixed_s + self.per_token_s * prompt_tokens
 
+    def reads(self, prompt_tokens: int) -> int:
+        """Reads a request of this prompt size needs after the first (`ordered` only)."""
+        first = self.first_read_tokens
+        if not self.ordered or not first or prompt_tokens <= first:
+            return 0
+        return -(-(prompt_tokens - first) // (self.read_tokens or first))
+
     def _rate(self) -> float:
         n = len(self.jobs)
         return 1.0 if not self.servers or n <= self.servers else self.servers / n
 
-    def add(self, now: float, item: object, work: float) -> list[tuple[float, object]]:
-        """`item` enters at `now` needing `work` seconds; returns what left up to `now` (as
-        `advance`), which the caller must hand on."""
+    def add(self, now: float, item: object, work: float, reads: int = 0) -> list[tuple[float, object]]:
+        """`item` enters at `now` needing `work` seconds and `reads` more reads of its body;
+        returns what left up to `now` (as `advance`), which the caller must hand on."""
         out = self.advance(now)
-        self.jobs.append(_Job(item, max(0.0, work), self.arrived))
+        self.jobs.append(_Job(item, max(0.0, work), self.arrived, reads if self.ordered else 0))
         self.arrived += 1
+        if self.ordered:
+            self._leave(now, out)
         return out
 
     def next_finish(self) -> float | None:
@@ -84,17 +109,29 @@ class FrontEnd:
                 out.extend((t_done, j.item) for j in done)
                 continue
             self.held += done
-            first_busy = min((j.seq for j in self.jobs), default=self.arrived)
-            free = sorted((j for j in self.held if j.seq < first_busy), key=lambda j: j.seq)
-            if free:
-                self.held = [j for j in self.held if j.seq >= first_busy]
-                out.extend((t_done, j.item) for j in free)
+            self._leave(t_done, out)
         if now > self.now:
             step = (now - self.now) * self._rate()
             for j in self.jobs:
                 j.left -= step
             self.now = now
         return out
+
+    def _leave(self, t: float, out: list) -> None:
+        """`ordered`: the first in line leaves at `t` if its work is done. If a read of its body
+        is still to come, it takes that read and goes to the back of the line, behind every
+        request in the server; its work goes on meanwhile."""
+        while self.jobs or self.held:
+            head = min((*self.jobs, *self.held), key=lambda j: j.seq)
+            if head.reads:
+                head.reads -= 1
+                head.seq = self.arrived
+                self.arrived += 1
+            elif head in self.held:
+                self.held.remove(head)
+                out.append((t, head.item))
+            else:
+                return
 
 
 class ServedFrontEnd:
@@ -108,9 +145,10 @@ class ServedFrontEnd:
         self.scale = time_scale
         self._timer: asyncio.TimerHandle | None = None
 
-    async def hold(self, work: float, already: float = 0.0) -> None:
+    async def hold(self, work: float, already: float = 0.0, reads: int = 0) -> None:
         """Wait until this request's `work` (modelled seconds) is done; `already`: real seconds
-        it has been in the server (its own parsing), credited at full rate."""
+        it has been in the server (its own parsing), credited at full rate; `reads`: the later
+        reads of its body (`FrontEnd.reads`)."""
         if not self.fe.servers and not self.fe.ordered:  # unlimited: an independent hold
             left = work / self.scale - already
             if left > 0:
@@ -118,7 +156,7 @@ class ServedFrontEnd:
             return
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._release(self.fe.add(loop.time(), fut, work / self.scale - already))
+        self._release(self.fe.add(loop.time(), fut, work / self.scale - already, reads))
         self._arm(loop)
         await fut
 

@@ -101,6 +101,11 @@ class OffloadTier:
         return bool(self._reported or self._polled)
 
     @property
+    def walking(self) -> int:
+        """Blocks this schedule's walk stores (launched with its step)."""
+        return len(self._walked.blocks) if self._walked else 0
+
+    @property
     def held_blocks(self) -> int:
         """GPU blocks out of the free queue while their store is in flight."""
         held = sum(len(s.blocks) for s in (*self.inflight, *self._polled, *self._reported))

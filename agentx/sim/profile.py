@@ -92,6 +92,11 @@ class Calibration(StrictModel):
     frontend_servers: float = 0.0
     # requests leave that server in the order they arrived (sim/frontend.py `ordered`)
     frontend_in_order: bool = False
+    # ... except a prompt whose request body needs more reads than one: each later read puts it
+    # behind every request in the server (sim/frontend.py `reads`); prompt tokens the first read
+    # and each later read take, 0 = one read
+    frontend_first_read_tokens: int = 0
+    frontend_read_tokens: int = 0
 
     def load_gbps(self, kind: str) -> float | None:
         """The tier's load rate into one GPU, GB/s; None for no connector (or none given)."""

@@ -20,7 +20,8 @@ sim/engine.py runs the steps.
   once.
 - With vLLM's SimpleCPUOffload as it runs (`offload_store_walk`) loads are paced by the steps
   (vLLM 0.24 `SimpleCPUOffloadWorker`: launched in `get_finished` after the forward of the step
-  that scheduled them, on their own stream at the measured copy rate, `offload_load_copy_gbps`;
+  that scheduled them, on their own stream at the measured copy rate, `offload_load_copy_gbps`,
+  once the host has launched them: all of the step's loads in one call, `load_ms_per_kblock`;
   finished when a later step's `get_finished` polls its event; that step's output is processed
   after the next schedule): a load admitted in schedule k is schedulable at schedule k + 3 at the
   earliest, later when the copy outlasts a step. Measured on the H200 (h200-runs-6): 3 steps
@@ -142,6 +143,7 @@ class Scheduler:
         walker = self.offload if self.offload is not None and self.offload.walk_target else None
         if walker is not None:
             walker.walk(self.pool)  # build_connector_meta, at the end of the schedule
+            batch.store_blocks = walker.walking
         # the step in flight has run; its output is processed (async scheduling), in the order
         # of vLLM's `update_from_output`: `_drain_deferred_frees`, then each finished request's
         # blocks, then the connector's completed stores
@@ -171,6 +173,7 @@ class Scheduler:
 
     def _admit(self, batch: Batch, budget: int, now: float) -> None:
         running = self.running
+        launched: list[SimRequest] = []  # loads this schedule starts: one launch on the host
         while budget > 0 and len(running) < self.max_num_seqs:
             queue = self.holding or self.waiting
             if not queue:
@@ -186,6 +189,8 @@ class Scheduler:
                 if req.state == LOADING:
                     queue.popleft()
                     self.loading.append(req)
+                    batch.load_blocks += len(req.tier_pin)
+                    launched.append(req)
                     continue
             elif self._short(req, budget) > self.pool.num_free:
                 break  # it keeps its blocks and its place; running requests will free some
@@ -201,6 +206,12 @@ class Scheduler:
             budget -= n
             batch.add_prefill(req, req.num_computed, n)
             batch.admitted_tokens += n
+        if launched and self.paced_loads:
+            # the worker launches the step's loads on the host before their copies can start
+            delay = self.timing.launch_load_s * batch.load_blocks / self.scale
+            for req in launched:
+                req.load_until += delay
+            self._link_free = max(self._link_free, max(r.load_until for r in launched))
 
     def _count_waiting(self) -> None:
         """vllm:num_requests_waiting counts the waiting queue, the requests holding KV blocks

@@ -1,7 +1,9 @@
 """Roofline price of one engine step (per GPU; the TP ranks work in parallel).
 
     t_step = max(t_mem, t_flop) + t_tp + overhead + layers x per_layer + n_seqs x per_seq (+ drafts)
-    under a KV connector: t_step x factor, plus stall_ms on a share stall_fraction of steps
+    under a KV connector: t_step x factor, plus stall_ms on a share stall_fraction of steps;
+        one that launches the step's copies on the host (SimpleCPUOffload): max(t_step, launch),
+        launch = load_ms_per_kblock x loaded + store_ms_per_kblock x stored blocks / 1,000
     admitting requests beside decodes right after a decode-only step d: + max(0, prep - t_d),
         prep = admit_host_ms + admit_host_us_per_token x the admitted requests' tokens this step
     t_mem  = weight bytes read / (BW x mbu) + KV bytes read / (BW x attn_mbu)
@@ -42,6 +44,8 @@ class Batch:
     preempted: bool = False  # the schedule preempted a request (vLLM `preempted_req_ids`)
     admitted_tokens: int = 0  # tokens of the requests this schedule took from the waiting queue
     after_decode_s: float = 0.0  # the previous step's modelled time, if it was decode-only
+    load_blocks: int = 0  # blocks the connector starts loading with this step (its metadata)
+    store_blocks: int = 0  # blocks it starts storing
 
     @property
     def empty(self) -> bool:
@@ -128,6 +132,7 @@ class StepTiming:
         # evenly (every 1/stall_fraction-th step) so that a run is reproducible
         cost = cal.step_cost(offload)
         self.step_factor, self.stall_share, self.stall_s = cost.factor, cost.stall_fraction, cost.stall_ms / 1e3
+        self.launch_load_s, self.launch_store_s = cost.load_ms_per_kblock / 1e6, cost.store_ms_per_kblock / 1e6
         self._stall_due = 0.0
         # host-side preparation of admitted requests (sim_calibration.fit: fit_admit_host)
         self.admit_host = cal.admit_host_ms / 1e3
@@ -167,6 +172,10 @@ class StepTiming:
             if self._stall_due >= 1.0:
                 self._stall_due -= 1.0
                 t += self.stall_s
+        if b.load_blocks or b.store_blocks:
+            # the connector launches this step's copies on the host after the model (SimpleCPUOffload
+            # `get_finished`): hidden behind a step whose GPU time is longer, the step otherwise
+            t = max(t, self.launch_load_s * b.load_blocks + self.launch_store_s * b.store_blocks)
         if b.admitted_tokens and b.after_decode_s and b.num_decode:
             # vLLM 0.24 prepares batch k+1 on the host while batch k runs (asynchronous
             # scheduling): a long prefill batch hides a new request's preparation, a decode step

@@ -216,7 +216,8 @@ def fit_set(st: StepSet, shift: int, per_kind: dict, admit: tuple[float, float])
     kinds = {**st.runs, **{name: kind for name, _, kind in st.shown}}
     folders = {**dict.fromkeys(st.runs, st.folder), **{name: folder for name, folder, _ in st.shown}}
     runs = {name: load_steps(DATA, name, Path(folders[name]) / "steps") for name in kinds}
-    base = [aligned(runs[n], shift, st.exact)[:2] for n, k in st.runs.items() if k == "none"]
+    paired_runs = {name: aligned(runs[name], shift, st.exact) for name in kinds}  # once per run
+    base = [paired_runs[n][:2] for n, k in st.runs.items() if k == "none"]
     X, y = np.vstack([b[0] for b in base]), np.concatenate([b[1] for b in base])
     coef = np.linalg.lstsq(X, y, rcond=None)[0]
     pred = X @ coef
@@ -237,11 +238,11 @@ def fit_set(st: StepSet, shift: int, per_kind: dict, admit: tuple[float, float])
     launch = {}  # kind -> (load, store) ms per 1,000 blocks, from the set's fitted runs
     for name in st.fitted:
         if kinds[name] in LAUNCH_KINDS:
-            X, y, batches = aligned(runs[name], shift, st.exact)
+            X, y, batches = paired_runs[name]
             launch[kinds[name]] = fit_launch(y, base_ratio * (X @ coef), *blocks(batches))
     priced = []  # per run of a launch kind: (name, kind, by class with the launch model)
     for name, kind in kinds.items():
-        X, y, batches = aligned(runs[name], shift, st.exact)
+        X, y, batches = paired_runs[name]
         pred = X @ coef
         factor = float(np.median(y / pred)) / base_ratio
         excess = y - factor * base_ratio * pred

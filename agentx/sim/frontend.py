@@ -78,7 +78,7 @@ class FrontEnd:
         """`item` enters at `now` needing `work` seconds and `reads` more reads of its body;
         returns what left up to `now` (as `advance`), which the caller must hand on."""
         out = self.advance(now)
-        self.jobs.append(_Job(item, max(0.0, work), self.arrived, reads if self.ordered else 0))
+        self.jobs.append(_Job(item, max(0.0, work), self.arrived, reads))
         self.arrived += 1
         if self.ordered:
             self._leave(now, out)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # sim_calibration/: not installed
 import sim_calibration.replay as rp  # noqa: E402
+from sim_calibration.events import request_key  # noqa: E402
 from sim_calibration.realruns import DATA, h100_runs, jittered, keys, runs  # noqa: E402
 
 ORDER = ("whole", "new content", "cpu-evicted", "gpu-evicted without a CPU copy", "store in flight",
@@ -44,18 +45,13 @@ def events(name: str) -> list[dict]:
     return []
 
 
-def record_id(engine_id: str) -> str:
-    """vLLM 0.24's request id ("cmpl-<agentx request_id>-<n>-<8 hex>") -> the record's."""
-    return engine_id.removeprefix("cmpl-").rsplit("-", 2)[0]
-
-
 def real_stops(evs: list[dict]) -> dict[str, tuple[str, int]] | None:
     """record id -> (the stop of its first lookup, the prompt tokens it found before it on the
     GPU and in the tier), from a run's probe events; None if the run was probed without fates."""
     out: dict[str, tuple[str, int]] = {}
     for e in evs:
         if e.get("ev") == "lookup":
-            out.setdefault(record_id(e["req"]), (e["stop"], e.get("gpu", 0) + e.get("hit", 0)))
+            out.setdefault(request_key(e["req"]), (e["stop"], e.get("gpu", 0) + e.get("hit", 0)))
     return out or None
 
 

@@ -68,3 +68,42 @@ def test_hit_of_a_resumption_kept_apart_for_vllm_024s_report():
     assert all(r.hit_last_admission == 0 for r in reqs if not r.preemptions)
     self_hits = [r for r in reqs if r.preemptions and r.hit_last_admission]
     assert self_hits and all(r.hit_last_admission < r.prompt_len for r in self_hits)
+
+
+def test_a_request_that_does_not_fit_leaves_its_gpu_hits_in_the_free_queue():
+    """vLLM checks that a waiting request fits before it takes its prefix hits
+    (`KVCacheManager.allocate_slots`: a hit block still in the free queue counts as one to
+    allocate; `allocate_new_computed_blocks` touches the hits only once the request fits). So
+    while the head of the queue waits for room, its cached prefix keeps its place in the free
+    queue, where the allocator can evict it; it is not moved to the queue's tail at every retry.
+    Once the request fits, its hits are referenced (out of the free queue) before new blocks are
+    allocated, so the allocation cannot evict them."""
+    cfg = SimConfig(profile="h200-qwen3-8b-bf16", kv_pool_tokens=64 * 16)
+    sched = build_engine(cfg).engine
+    pool = sched.pool
+    prefix = [hash(("a", b)) for b in range(8)]
+    blocks = pool.allocate(8)
+    for b, h in zip(blocks, prefix):
+        pool.commit(b, h)
+    pool.release(blocks)  # an earlier turn's prompt, cached and free
+    later = pool.allocate(4)  # then another request's, freed after it: behind it in the queue
+    for b in later:
+        pool.commit(b, hash(("c", b)))
+    pool.release(later)
+    order = pool.free_blocks()
+    assert pool.num_free == 64 and order[-12:] == blocks[::-1] + later[::-1]
+
+    # 40 tokens more than the pool once its own hits are counted: it cannot be admitted
+    big = SimRequest(rid="big", prompt_len=64 * 16 + 40, max_tokens=4,
+                     block_hashes=prefix + [hash(("b", b)) for b in range(58)])
+    assert not sched._lookup(big, 0.0, 8192)
+    assert big.blocks == [] and pool.free_blocks() == order  # nothing moved, nothing held
+
+    # a request that fits: its hits are held first, then 2 new blocks come from the head
+    small = SimRequest(rid="small", prompt_len=8 * 16 + 20, max_tokens=4,
+                       block_hashes=prefix)
+    assert sched._lookup(small, 0.0, 8192)
+    assert small.blocks == blocks and small.num_computed == 8 * 16
+    assert pool.num_free == 64 - 8 and all(pool.ref[b] == 1 for b in blocks)
+    assert sched._grow(small, small.target_len) and pool.num_free == 64 - 10
+    assert all(pool.cached[h] == b for h, b in zip(prefix, blocks))  # the hits were not evicted

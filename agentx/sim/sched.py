@@ -276,18 +276,21 @@ class Scheduler:
             host = offload.match(hashes[dev:], limit - dev, start=dev)
             req.tier_pin = hashes[dev:dev + host]
             offload.pin(req.tier_pin)
-        blocks = pool.touch(hashes[:dev])  # reference hits before allocating can evict them
-        req.blocks = blocks
+        # vLLM checks the fit before it takes the hits (`allocate_slots`: a hit block still in the
+        # free queue counts as one to allocate; `allocate_new_computed_blocks` touches them only
+        # once the request fits), so a request that cannot be admitted leaves its GPU hits where
+        # they are in the free queue, to be evicted or walked like any other free block
+        hits = [pool.cached[h] for h in hashes[:dev]]
+        free = pool.num_free - sum(1 for b in hits if pool.ref[b] == 0)
         if self.full_isl:
-            short = self._missing(req)
+            short = max(0, -(-req.target_len // bs) - dev)
         else:  # older vLLM: blocks for what this step computes (hits + loads + first chunk)
             upto = (dev + host) * bs + self._chunk(req.target_len - (dev + host) * bs, budget)
-            short = max(0, -(-upto // bs) - len(blocks))
-        if short > pool.num_free or (host and host > pool.num_free - self._reserved()):
-            pool.release(blocks)
-            req.blocks = []
+            short = max(0, -(-upto // bs) - dev)
+        if short > free or (host and host > free - self._reserved()):
             return False
-        req.blocks = blocks + pool.allocate(host)
+        # reference the hits before allocating, which could otherwise evict them
+        req.blocks = pool.hold(hits) + pool.allocate(host)
         req.num_computed = dev * bs
         if not req.counted:  # recorded at admission, as vLLM does
             req.counted = True

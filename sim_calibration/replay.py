@@ -46,7 +46,8 @@ def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
     hit decision, which at 32 lanes on this pool is chaotic (docs/simulator-calibration-log.md).
 
     `stats`, if given, gets the tier's block totals at the end: `stored`, `loaded`, `cpu_evicted`,
-    `gpu_evicted` and `gpu_evicted_unstored` (what bench/stepprobe counts on a real server).
+    `gpu_evicted` and `gpu_evicted_unstored`, and the lazy walks: `walks` that stored blocks and
+    `walk_restarts` from the free queue's head (what bench/stepprobe counts on a real server).
     `setup`, if given, is called with the engine before the first request (bench/tier_breaks.py
     follows the tier's content with it).
 
@@ -143,7 +144,8 @@ def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
     if stats is not None and eng.offload is not None:
         t = eng.offload
         stats.update(stored=t.stored_blocks, loaded=t.loaded_blocks, cpu_evicted=t.evicted_blocks,
-                     gpu_evicted=t.gpu_evicted, gpu_evicted_unstored=t.gpu_evicted_unstored)
+                     gpu_evicted=t.gpu_evicted, gpu_evicted_unstored=t.gpu_evicted_unstored,
+                     walks=t.walks, walk_restarts=t.walk_restarts)
     out = []
     for q in every:
         first, last = q.first_token_ns - q.arrival_ns, q.last_token_ns - q.arrival_ns

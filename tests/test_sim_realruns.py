@@ -45,12 +45,16 @@ def test_jitter_is_seeded_bounded_and_leaves_replay_0_alone():
     assert max(abs(j["start_ns"] - r["start_ns"]) for r, j in zip(recs[:-1], jittered(recs, 0.5, 3))) <= 500_000
 
 
-def _sim_vs_real():
-    """bench/sim_vs_real.py as a module (bench/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("sim_vs_real", REPO / "bench" / "sim_vs_real.py")
+def _bench(name: str):
+    """bench/NAME.py as a module (bench/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _sim_vs_real():
+    return _bench("sim_vs_real")
 
 
 def test_offb_repeats_are_one_group():
@@ -175,7 +179,8 @@ def test_recorded_hits_give_every_request_exactly_its_real_hit():
 def test_the_lazy_walk_loses_as_many_blocks_as_the_real_server():
     """offbp4's probe counted, as vLLM 0.24 ran, the cached GPU blocks its allocator evicted
     (207,702), those of them the CPU tier held no copy of (31,525: the lazy walk had not reached
-    them) and the blocks its walks stored (107,805). A replay with the tier deciding the hits
+    them), the blocks its walks stored (107,805), the walks that stored any (257) and those that
+    started at the free queue's head (210: no cursor, or it was taken). A replay with the tier deciding the hits
     (sim/offload.py `OffloadTier.walk`) gives the same quantities: the amount of content the walk
     saves and loses is modelled; which requests then find a whole prefix is what differs
     (docs/simulator-calibration-log.md)."""
@@ -188,13 +193,17 @@ def test_the_lazy_walk_loses_as_many_blocks_as_the_real_server():
     cfg, recs, summ = run.load()
     steps = load_steps(DATA, "offbp4", Path("h200-runs-9") / "steps")
     real = {k: sum(r.get(k, 0) for r in steps)
-            for k in ("gpu_evicted", "gpu_evicted_unstored", "store_blocks")}
-    assert real == {"gpu_evicted": 207_702, "gpu_evicted_unstored": 31_525, "store_blocks": 107_805}
+            for k in ("gpu_evicted", "gpu_evicted_unstored", "store_blocks", "walk_head")}
+    real["walks"] = sum(1 for r in steps if r.get("store_blocks"))
+    assert real == {"gpu_evicted": 207_702, "gpu_evicted_unstored": 31_525, "store_blocks": 107_805,
+                    "walk_head": 210, "walks": 257}
     stats: dict = {}
     replay(cfg, recs, keys=keys(recs, summ, 16, load_traces(summ["config"]["trace"])), stats=stats)
     assert stats["gpu_evicted"] == pytest.approx(real["gpu_evicted"], rel=0.05)
     assert stats["gpu_evicted_unstored"] == pytest.approx(real["gpu_evicted_unstored"], rel=0.25)
     assert stats["stored"] == pytest.approx(real["store_blocks"], rel=0.2)
+    assert stats["walks"] == pytest.approx(real["walks"], rel=0.2)
+    assert stats["walk_restarts"] == pytest.approx(real["walk_head"], rel=0.25)
 
 
 def test_tier_breaks_counts_every_measured_request_of_a_replay():
@@ -212,6 +221,34 @@ def test_tier_breaks_counts_every_measured_request_of_a_replay():
     sim = [[int(x) for x in ln.strip("|").split("|")[3:5]] for ln in lines]
     assert sum(map(sum, sim)) == 105
     assert rows["new content"][3] != "0" and int(rows["new content"][2]) == 0
+
+
+def test_hit_excess_splits_a_replays_extra_hits_by_the_real_zero_hit_requests():
+    """bench/hit_excess.py: the probe's lazy-walk totals of offbp4 (what the shipped test above
+    sums), a counter the probe did not have yet (off68) not recorded rather than zero; the excess of
+    one closed-loop replay over the real hits is the sum of its part on the requests the real
+    server served no hit and on the others, and the zero-hit sets are measured requests."""
+    from agentx.trace.load import load_traces
+    from sim_calibration.realruns import keys
+    from sim_calibration.replay import replay
+
+    mod = _bench("hit_excess")
+    assert mod.real_walk("offbp4") == {"stored": 107_805, "walks": 257, "walk_restarts": 210,
+                                       "gpu_evicted_unstored": 31_525, "cpu_evicted": 80_500}
+    assert mod.real_walk("off68")["walk_restarts"] is None and mod.real_walk("offb") is None
+    run = next(r for r in runs(DATA) if r.name == "offbp4")
+    cfg, recs, summ = run.load()
+    stats: dict = {}
+    sims = [replay(cfg, recs, keys=keys(recs, summ, 16, load_traces(summ["config"]["trace"])),
+                   stats=stats, closed_loop=True)]
+    f = mod.split(recs, sims)
+    ids = {r["request_id"] for r in recs if r.get("ok") and not r.get("warmup")}
+    assert f["measured"] == len(ids) == 105 and f["zero"] <= ids and f["sim_zero"][0] <= ids
+    assert f["real_rate"] == pytest.approx(35.5, abs=0.05)
+    assert f["total"] == pytest.approx(f["on_zero"] + f["on_others"])
+    assert f["total"] == pytest.approx(f["rates"][0] - f["real_rate"])
+    assert all(0 < x <= 1 for x in f["served"][0])
+    assert stats["walks"] > 0 and stats["walk_restarts"] > 0
 
 
 def test_closed_loop_sends_each_lanes_next_request_its_recorded_gap_after_the_simulated_end():

@@ -81,6 +81,8 @@ class OffloadTier:
         self.evicted_blocks = 0
         self.gpu_evicted = 0  # hashed GPU blocks the allocator took (their content dropped)
         self.gpu_evicted_unstored = 0  # ... of which the tier held no copy: lost to both tiers
+        self.walks = 0  # lazy walks that stored blocks (store events)
+        self.walk_restarts = 0  # lazy walks started at the free queue's head (bench/stepprobe's walk_head)
         # hash -> the last thing done to its content, when a caller follows it (bench/tier_breaks.py;
         # bench/stepprobe's AGENTX_STEPLOG_FATES on a real server): None = not followed
         self.fates: dict[int, str] | None = None
@@ -161,6 +163,8 @@ class OffloadTier:
         cur = self.cursor
         if cur is not None and ref[cur] > 0:
             cur = None
+        if cur is None:
+            self.walk_restarts += 1
         node = nxt[pool.head] if cur is None else nxt[cur]
         room = self.capacity - len(self.pins) - self.reserved  # cpu_pool.get_num_free_blocks()
         out: list[int] = []
@@ -175,6 +179,7 @@ class OffloadTier:
         self.cursor = last
         if not out:
             return
+        self.walks += 1
         self._make_room(len(out))
         self.reserved += len(out)
         pool.hold(out)

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Where a replay's tier finds more than the real SimpleCPUOffload run, request by request.
+
+bench/sim_vs_real.py shows the simulated tier finding a few points more prefix hit than the real
+server on most SimpleCPUOffload runs. This splits that excess by what the real server gave each
+measured request: no hit (under 5 % of its prompt) or a hit. Per run, over N closed-loop replays
+with the tier deciding (sim_calibration.replay; replay 0 at the recorded send times, the others
+jittered as bench/sim_vs_real.py does):
+- the hit rate, real and the replays' median;
+- the excess (simulated minus real cached tokens, over the measured prompt tokens, each request's
+  simulated hit the median over the replays) carried by the real zero-hit requests and by the
+  others;
+- the zero-hit requests: real, each replay's count, how many of those are the real ones, and the
+  share of the prompt the replay found for the real zero-hit requests it served a hit;
+- for a run probed with bench/stepprobe, the lazy walk's totals, real against the replays'
+  median: blocks stored, walks that stored any, walks started at the free queue's head, blocks
+  lost from the GPU without a CPU copy, blocks evicted from the CPU tier.
+
+`--calib KEY=VALUE` replaces a calibration constant of the profile for the replays (e.g.
+`--calib mbu=0.593 --calib attn_mbu=0.595` prices decode steps at an H100's memory bandwidth, for
+the H100 runs of tests/data/h100-runs).
+
+Run: .venv/bin/python bench/hit_excess.py [--runs offb,offbp4] [--replays N] [--calib KEY=VALUE]
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # sim_calibration/: not installed
+from sim_calibration.realruns import DATA, h100_runs, jittered, keys, runs  # noqa: E402
+from sim_calibration.replay import measured, replay  # noqa: E402
+
+ZERO = 0.05  # a hit under this share of the prompt counts as none
+WALK = (("stored", "store_blocks"), ("walks", None), ("walk_restarts", "walk_head"),
+        ("gpu_evicted_unstored", "gpu_evicted_unstored"), ("cpu_evicted", "cpu_evicted"))
+
+
+def real_walk(name: str) -> dict[str, int | None] | None:
+    """The probe's lazy-walk totals of run `name` (tests/data/h*-runs*/steps/NAME.jsonl.gz), keyed
+    as the replay's `stats`: None for a run probed without steps, and for a counter the probe did
+    not have yet (the eviction and head counters came with h200-runs-9)."""
+    for path in sorted(DATA.glob(f"h*-runs*/steps/{name}.jsonl.gz")):
+        with gzip.open(path, "rt") as f:
+            steps = [json.loads(line) for line in f]
+        out: dict[str, int | None] = {
+            k: sum(s.get(field, 0) for s in steps) if any(field in s for s in steps) else None
+            for k, field in WALK if field}
+        out["walks"] = sum(1 for s in steps if s.get("store_blocks"))
+        return out
+    return None
+
+
+def split(recs: list[dict], sims: list[list[dict]]) -> dict:
+    """The excess of run `recs`'s replays `sims` (each replay's rows in `replay`'s order), in
+    points of the measured prompt tokens: `total`, on the real zero-hit requests (`zero`: their
+    ids) and on the others; each request's simulated hit is the median over the replays. Also the
+    replays' hit rates (`rates`) and, per replay, its zero-hit requests (`sim_zero`) and the share
+    of the prompt it found for the real zero-hit requests it served a hit (`served`)."""
+    ok = [r for r in recs if r.get("ok")]
+    index = {r["request_id"]: i for i, r in enumerate(ok)}
+    meas = measured(recs)
+    prompt = sum(r["isl"] for r in meas)
+    real = {r["request_id"]: r["cached_tokens"] or 0 for r in meas}
+    zero = {r["request_id"] for r in meas if real[r["request_id"]] < ZERO * r["isl"]}
+    sim = {i: statistics.median(s[index[i]]["cached"] or 0 for s in sims) for i in real}
+
+    def excess(ids) -> float:
+        return 100 * sum(sim[i] - real[i] for i in ids) / prompt
+
+    sim_zero, served = [], []
+    for s in sims:
+        z = {r["request_id"] for r in meas if (s[index[r["request_id"]]]["cached"] or 0) < ZERO * r["isl"]}
+        sim_zero.append(z)
+        served.append([(s[index[i]]["cached"] or 0) / ok[index[i]]["isl"] for i in zero - z])
+    return {"real_rate": 100 * sum(real.values()) / prompt, "measured": len(meas),
+            "rates": [100 * sum(s[index[i]]["cached"] or 0 for i in real) / prompt for s in sims],
+            "total": excess(real), "zero": zero, "on_zero": excess(zero),
+            "on_others": excess(set(real) - zero), "sim_zero": sim_zero, "served": served}
+
+
+def report(name: str, recs: list[dict], sims: list[list[dict]], walks: list[dict]) -> None:
+    f = split(recs, sims)
+    rates, zero = f["rates"], f["zero"]
+    print(f"\n### {name} ({f['measured']} measured requests, {len(sims)} replays)\n")
+    print(f"- hit rate: real {f['real_rate']:.1f} %, replays' median {statistics.median(rates):.1f} % "
+          f"({min(rates):.1f}-{max(rates):.1f})")
+    print(f"- excess {f['total']:+.1f} points: on the {len(zero)} real zero-hit requests "
+          f"{f['on_zero']:+.1f}, on the {f['measured'] - len(zero)} others {f['on_others']:+.1f}")
+    rows = [f"{len(z)} ({len(z & zero)} the real ones; the other real ones found "
+            f"{100 * statistics.mean(v):.0f} % of their prompt)" if v else f"{len(z)} ({len(z & zero)})"
+            for z, v in zip(f["sim_zero"], f["served"])]
+    print(f"- zero-hit requests: real {len(zero)}; per replay " + ", ".join(rows))
+    real = real_walk(name)
+    if real is not None and walks:
+        cells = [f"{k} {'not recorded' if real[k] is None else f'{real[k]:,}'} / "
+                 f"{statistics.median(w[k] for w in walks):,.0f}" for k, _ in WALK]
+        print("- lazy walk, real / replays' median: " + ", ".join(cells))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", help="comma-separated run names (default: every SimpleCPUOffload run)")
+    ap.add_argument("--replays", type=int, default=4)
+    ap.add_argument("--jitter-ms", type=float, default=2.0)
+    ap.add_argument("--calib", action="append", default=[], metavar="KEY=VALUE",
+                    help="a calibration constant of the profile for the replays (a number)")
+    args = ap.parse_args()
+    calib = {}
+    for item in args.calib:
+        key, sep, value = item.partition("=")
+        if not sep:
+            ap.error(f"--calib {item!r}: expected KEY=VALUE")
+        try:
+            calib[key] = float(value)
+        except ValueError:
+            ap.error(f"--calib {item!r}: {value!r} is not a number")
+    want = set(args.runs.split(",")) if args.runs else None
+    traces = None
+    for run in runs(DATA) + h100_runs(DATA):
+        if run.server.get("kv_offload") != "simple-cpu" or (want is not None and run.name not in want):
+            continue
+        cfg, recs, summ = run.load()
+        if traces is None:
+            from agentx.trace.load import load_traces
+
+            traces = load_traces(summ["config"]["trace"])
+        ks = keys(recs, summ, 16, traces)
+        sims, walks = [], []
+        for i in range(args.replays):
+            stats: dict = {}
+            sims.append(replay(cfg, jittered(recs, args.jitter_ms, i), calib=calib or None, keys=ks,
+                               stats=stats, closed_loop=True))
+            walks.append(stats)
+        report(run.name, recs, sims, walks)
+
+
+if __name__ == "__main__":
+    main()

@@ -64,8 +64,12 @@ def test_request_concurrency_beside_the_lanes(lanes_run, capfd):
     assert c["lanes"] == 4
     samples = sorted(_in_flight_by_sampling(recs, w["start_ns"], w["end_ns"]))
     assert c["in_flight_mean"] == pytest.approx(sum(samples) / len(samples), abs=0.05)
-    assert c["in_flight_p90"] == samples[int(0.9 * len(samples)) - 1] or \
-        c["in_flight_p90"] == samples[int(0.9 * len(samples))]
+    # the p90 is a count, so near a step of the distribution (here ~88-90 % of the time at 0)
+    # the summary's exact time weighting over its window (which ends where sending stopped) and
+    # 4,000 samples over the recorded window can fall either side: it must lie between the
+    # sampled 88th and 92nd percentiles (the sample quantile's standard error is 0.5 %)
+    n = len(samples)
+    assert samples[int(0.88 * n)] <= c["in_flight_p90"] <= samples[int(0.92 * n)]
     assert 0 < c["in_flight_mean"] < 4  # think time: 4 lanes are not 4 requests in flight
     assert c["server_running_mean"] == s["server_metrics"]["running"]["mean"]
     line = _line(printed, "concurrency: 4 session lanes; requests in flight mean ")

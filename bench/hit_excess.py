@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # sim_calibration/: not installed
+from agentx.sim.profile import Calibration  # noqa: E402
 from sim_calibration.realruns import DATA, h100_runs, jittered, keys, runs  # noqa: E402
 from sim_calibration.replay import measured, replay  # noqa: E402
 
@@ -84,6 +85,8 @@ def split(recs: list[dict], sims: list[list[dict]]) -> dict:
 
 
 def report(name: str, recs: list[dict], sims: list[list[dict]], walks: list[dict]) -> None:
+    """Print run `name`'s split (`split`) and, if it was probed, its walk totals against the
+    replays' (`walks`: each replay's `stats`)."""
     f = split(recs, sims)
     rates, zero = f["rates"], f["zero"]
     print(f"\n### {name} ({f['measured']} measured requests, {len(sims)} replays)\n")
@@ -91,9 +94,9 @@ def report(name: str, recs: list[dict], sims: list[list[dict]], walks: list[dict
           f"({min(rates):.1f}-{max(rates):.1f})")
     print(f"- excess {f['total']:+.1f} points: on the {len(zero)} real zero-hit requests "
           f"{f['on_zero']:+.1f}, on the {f['measured'] - len(zero)} others {f['on_others']:+.1f}")
-    rows = [f"{len(z)} ({len(z & zero)} the real ones; the other real ones found "
-            f"{100 * statistics.mean(v):.0f} % of their prompt)" if v else f"{len(z)} ({len(z & zero)})"
-            for z, v in zip(f["sim_zero"], f["served"])]
+    rows = [f"{len(z)} ({len(z & zero)} of them real zero-hit" +
+            (f"; the other real zero-hit ones found {100 * statistics.mean(v):.0f} % of their prompt)"
+             if v else ")") for z, v in zip(f["sim_zero"], f["served"])]
     print(f"- zero-hit requests: real {len(zero)}; per replay " + ", ".join(rows))
     real = real_walk(name)
     if real is not None and walks:
@@ -108,22 +111,29 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=4)
     ap.add_argument("--jitter-ms", type=float, default=2.0)
     ap.add_argument("--calib", action="append", default=[], metavar="KEY=VALUE",
-                    help="a calibration constant of the profile for the replays (a number)")
+                    help="a numeric calibration constant of the profile for the replays")
     args = ap.parse_args()
     calib = {}
     for item in args.calib:
         key, sep, value = item.partition("=")
         if not sep:
             ap.error(f"--calib {item!r}: expected KEY=VALUE")
+        field = Calibration.model_fields.get(key)
+        if field is None or field.annotation not in (float, int, float | None):
+            ap.error(f"--calib {item!r}: {key!r} is not a numeric calibration constant of the profile")
         try:
             calib[key] = float(value)
         except ValueError:
             ap.error(f"--calib {item!r}: {value!r} is not a number")
-    want = set(args.runs.split(",")) if args.runs else None
+    tiered = [r for r in runs(DATA) + h100_runs(DATA) if r.server.get("kv_offload") == "simple-cpu"]
+    want = set(args.runs.split(",")) if args.runs else {r.name for r in tiered}
+    if unknown := want - {r.name for r in tiered}:
+        ap.error(f"--runs: no SimpleCPUOffload run named {', '.join(sorted(unknown))} "
+                 f"(there are: {', '.join(r.name for r in tiered)})")
+    if args.replays < 1:
+        ap.error("--replays: at least 1")
     traces = None
-    for run in runs(DATA) + h100_runs(DATA):
-        if run.server.get("kv_offload") != "simple-cpu" or (want is not None and run.name not in want):
-            continue
+    for run in (r for r in tiered if r.name in want):
         cfg, recs, summ = run.load()
         if traces is None:
             from agentx.trace.load import load_traces

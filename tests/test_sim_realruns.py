@@ -53,10 +53,6 @@ def _bench(name: str):
     return mod
 
 
-def _sim_vs_real():
-    return _bench("sim_vs_real")
-
-
 def test_offb_repeats_are_one_group():
     groups = {r.name: r.group for r in runs(DATA)}
     assert {n for n, g in groups.items() if g == "offb"} == {"offb", "offb-r1", "offb-r2", "o32",
@@ -85,7 +81,7 @@ def test_simple_cpu_offload_runs_are_replayed_with_vllm_024s_lazy_walk():
 
 
 def test_group_rule_widens_the_bound_by_the_real_spread():
-    svr = _sim_vs_real()
+    svr = _bench("sim_vs_real")
     reals = [8.29, 8.57, 10.18]  # TTFT p50 (s) of offb-r1, offb, offb-r2
     lo, hi = svr.group_window(reals, 0.15)
     assert lo == pytest.approx(8.29 * 0.85) and hi == pytest.approx(10.18 * 1.15)
@@ -108,7 +104,7 @@ def test_rank_interval_covers_the_true_quantile_about_95_percent_of_runs():
 
     from agentx.distribution import rank_interval
 
-    svr = _sim_vs_real()
+    svr = _bench("sim_vs_real")
     rng = random.Random(7)
     for q in (0.5, 0.9):
         truth = -math.log(1 - q)  # the exponential distribution's q-quantile
@@ -141,7 +137,7 @@ def test_cli_judges_a_run_against_its_group():
     assert p.returncode == 0, p.stderr
     out = p.stdout
     assert "### offb-r2 (32 lanes, group of 8 real runs)" in out
-    svr = _sim_vs_real()
+    svr = _bench("sim_vs_real")
     group = {r.name: r for r in runs(DATA) if r.group == "offb"}
     assert set(group) == {"offb", "offb-r1", "offb-r2", "o32", "offbp", "offbp2", "offbp3", "offbp4"}
     reals = {n: svr.real_figures(*r.load()[1:]) for n, r in group.items()}
@@ -180,10 +176,10 @@ def test_the_lazy_walk_loses_as_many_blocks_as_the_real_server():
     """offbp4's probe counted, as vLLM 0.24 ran, the cached GPU blocks its allocator evicted
     (207,702), those of them the CPU tier held no copy of (31,525: the lazy walk had not reached
     them), the blocks its walks stored (107,805), the walks that stored any (257) and those that
-    started at the free queue's head (210: no cursor, or it was taken). A replay with the tier deciding the hits
-    (sim/offload.py `OffloadTier.walk`) gives the same quantities: the amount of content the walk
-    saves and loses is modelled; which requests then find a whole prefix is what differs
-    (docs/simulator-calibration-log.md)."""
+    started at the free queue's head (210: no cursor, or it was taken). A replay with the tier
+    deciding the hits (sim/offload.py `OffloadTier.walk`) gives the same quantities: the amount of
+    content the walk saves and loses is modelled; which requests then find a whole prefix is what
+    differs (docs/simulator-calibration-log.md)."""
     from agentx.trace.load import load_traces
     from sim_calibration.realruns import keys
     from sim_calibration.replay import replay
@@ -224,9 +220,9 @@ def test_tier_breaks_counts_every_measured_request_of_a_replay():
 
 
 def test_hit_excess_splits_a_replays_extra_hits_by_the_real_zero_hit_requests():
-    """bench/hit_excess.py: the probe's lazy-walk totals of offbp4 (what the shipped test above
-    sums), a counter the probe did not have yet (off68) not recorded rather than zero; the excess of
-    one closed-loop replay over the real hits is the sum of its part on the requests the real
+    """bench/hit_excess.py: the probe's lazy-walk totals of offbp4 (what the test above sums),
+    and a counter the probe did not have yet (off68) not recorded rather than zero; the excess of
+    one closed-loop replay over the real hits is the sum of its parts on the requests the real
     server served no hit and on the others, and the zero-hit sets are measured requests."""
     from agentx.trace.load import load_traces
     from sim_calibration.realruns import keys
@@ -291,7 +287,7 @@ def test_closed_loop_throughput_scales_the_window_by_the_lanes_summed_stretch():
     """In closed loop the simulated throughput is the measured tokens over the real window scaled
     by the lanes' summed stretch (`lane_stretch`), not shifted by the last end alone: one lane
     finishing late no longer judges the server. Open loop keeps the last-end shift."""
-    svr = _sim_vs_real()
+    svr = _bench("sim_vs_real")
 
     def rec(lane, start, end, isl=100):
         return {"ok": True, "lane": lane, "start_ns": start, "end_ns": end, "isl": isl, "osl": 10,

@@ -25,8 +25,6 @@ Run: .venv/bin/python bench/hit_excess.py [--runs offb,offbp4] [--replays N] [--
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -35,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # sim_calibration/
 from agentx.sim.profile import Calibration  # noqa: E402
 from sim_calibration.realruns import DATA, h100_runs, jittered, keys, runs  # noqa: E402
 from sim_calibration.replay import measured, replay  # noqa: E402
+from sim_calibration.steps import load_steps  # noqa: E402
 
 ZERO = 0.05  # a hit under this share of the prompt counts as none
 WALK = (("stored", "store_blocks"), ("walks", None), ("walk_restarts", "walk_head"),
@@ -46,8 +45,7 @@ def real_walk(name: str) -> dict[str, int | None] | None:
     as the replay's `stats`: None for a run probed without steps, and for a counter the probe did
     not have yet (the eviction and head counters came with h200-runs-9)."""
     for path in sorted(DATA.glob(f"h*-runs*/steps/{name}.jsonl.gz")):
-        with gzip.open(path, "rt") as f:
-            steps = [json.loads(line) for line in f]
+        steps = load_steps(path.parent, name, Path())
         out: dict[str, int | None] = {
             k: sum(s.get(field, 0) for s in steps) if any(field in s for s in steps) else None
             for k, field in WALK if field}

@@ -8,6 +8,12 @@
   Blocks without a hash are freed to the queue's front. The same order, over content keys
   instead of block ids, is agentx.prefix_cache (what the client expects; the cache tests
   check this pool against it).
+- Content is not de-duplicated: a request that recomputes a block whose content is still cached
+  (a chain broken before it, the rest left in the free queue) caches its copy too, as vLLM's
+  `BlockHashToBlockMap` keeps every block of a hash. A lookup takes the first copy cached
+  (`get_one_block`); the content is evicted, for the listener, when its last copy is. Each copy
+  keeps its hash, so it goes back to the free queue's tail when freed, and the lazy walk stores
+  whichever it reaches first.
 - A prompt may hit at most (prompt_len - 1) tokens: vLLM always recomputes the last token.
 - Evictions are reported to an optional listener (the offload tier's eviction-time store).
 - The free queue is a doubly linked list over block ids (`nxt`/`prv`, head and tail sentinels),
@@ -48,7 +54,8 @@ class BlockPool:
         self.block_size = block_size
         self.ref = [0] * num_blocks
         self.bhash: list[int | None] = [None] * num_blocks
-        self.cached: dict[int, int] = {}  # hash -> block id
+        self.cached: dict[int, int] = {}  # hash -> its first cached block (vLLM `get_one_block`)
+        self.copies: dict[int, list[int]] = {}  # hash -> its other cached blocks, oldest first
         # free queue: block ids 0..n-1, head sentinel n, tail sentinel n+1; eviction end first
         self.head, self.tail = num_blocks, num_blocks + 1
         self.nxt = [*range(1, num_blocks), self.tail, 0, -1]
@@ -130,21 +137,43 @@ class BlockPool:
             if h is not None:
                 bhash[b] = None
                 if cached.get(h) == b:
-                    del cached[h]
-                    self.evictions += 1
-                    if self.on_evict is not None:
-                        self.on_evict(h)
+                    if h in self.copies:  # another copy stays cached: no content evicted
+                        self._promote(h)
+                    else:
+                        del cached[h]
+                        self.evictions += 1
+                        if self.on_evict is not None:
+                            self.on_evict(h)
+                else:
+                    self._drop_copy(h, b)
             ref[b] = 1
             out.append(b)
         return out
 
     def commit(self, block: int, h: int) -> bool:
-        """Register a just-filled block under its hash; False if that content is already cached."""
-        if h in self.cached:
+        """Register a just-filled block under its hash; False if that content was already cached
+        (the block is cached as one more copy of it)."""
+        if self.bhash[block] == h:
             return False
         self.bhash[block] = h
+        if h in self.cached:
+            self.copies.setdefault(h, []).append(block)
+            return False
         self.cached[h] = block
         return True
+
+    def _promote(self, h: int) -> None:
+        """The first copy of `h` is gone: the next oldest becomes the one lookups take."""
+        rest = self.copies[h]
+        self.cached[h] = rest.pop(0)
+        if not rest:
+            del self.copies[h]
+
+    def _drop_copy(self, h: int, b: int) -> None:
+        rest = self.copies[h]
+        rest.remove(b)
+        if not rest:
+            del self.copies[h]
 
     def release(self, blocks: Sequence[int], tail_first: bool = True) -> None:
         """Drop references: a request's tail first, so its prefix stays cached longest (a
@@ -167,11 +196,19 @@ class BlockPool:
         b = self.cached.pop(h, None)
         if b is not None:
             self.bhash[b] = None
+        for b in self.copies.pop(h, ()):
+            self.bhash[b] = None
 
     def reset(self) -> None:
         """Forget every cached block that is not in use (vLLM's /reset_prefix_cache)."""
         for b in self.free_blocks():
             h = self.bhash[b]
-            if h is not None and self.cached.get(h) == b:
-                del self.cached[h]
+            if h is not None:
+                if self.cached.get(h) == b:
+                    if h in self.copies:
+                        self._promote(h)
+                    else:
+                        del self.cached[h]
+                else:
+                    self._drop_copy(h, b)
             self.bhash[b] = None

@@ -35,9 +35,12 @@ completions are the same code before a refactor):
 - a request's tier hits are pinned from its lookup until its load completes
   (`get_num_new_matched_tokens` touches them, `update_state_after_alloc` holds them for the
   copy, `_cleanup_load_request` frees them): no store, the request's own included, evicts them.
-  Their recency is taken at the lookup, before the request's own GPU evictions are stored, as
-  TieredCache does (vLLM requeues them when the copy completes; its lazy stores run ahead of
-  eviction from a cursor over the GPU free queue, so neither order is exact there).
+  With the walk they become the most recently used when the last pin goes (`free_blocks`
+  appends them to the CPU pool's free queue when the load completes, in prompt order), after
+  the stores that completed meanwhile; with the store on eviction, at the lookup, before the
+  request's own GPU evictions are stored, as the client's TieredCache does.
+- vLLM's tier can hold two copies of one content (two GPU copies, sim/kvcache.py, walked before
+  either store completes); this one holds one (tests/test_vllm_lazy_tier.py stops there).
 """
 from __future__ import annotations
 
@@ -269,20 +272,29 @@ class OffloadTier:
         return n
 
     def pin(self, hashes: Sequence[int]) -> None:
-        """A lookup hit these blocks: most recently used, and not evictable until `unpin`."""
-        blocks, pins = self.blocks, self.pins
+        """A lookup hit these blocks: not evictable until `unpin` (vLLM `touch`: out of the
+        CPU pool's free queue). With the store on eviction they are the most recently used
+        from now, as the client's TieredCache has it; with the walk, from `unpin`."""
+        blocks, pins, now = self.blocks, self.pins, not self.walk_target
         for h in hashes:
-            blocks.move_to_end(h)
+            if now:
+                blocks.move_to_end(h)
             pins[h] = pins.get(h, 0) + 1
 
     def unpin(self, hashes: Sequence[int]) -> None:
-        pins = self.pins
+        """Release a lookup's pins. With the walk (vLLM's order), a block no lookup holds any
+        more becomes the most recently used, in this order: `free_blocks` appends it to the CPU
+        pool's free queue when the load completes (a load's blocks in prompt order), or when a
+        request that could not be admitted is looked up again (and touches it again)."""
+        pins, blocks, walk = self.pins, self.blocks, self.walk_target
         for h in hashes:
             n = pins[h] - 1
             if n:
                 pins[h] = n
             else:
                 del pins[h]
+                if walk and h in blocks:
+                    blocks.move_to_end(h)
 
     def impose(self, hashes: Sequence[int], absent: int | None) -> None:
         """Make `hashes` present (most recently used; least recently used unpinned blocks make

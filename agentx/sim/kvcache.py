@@ -55,7 +55,7 @@ class BlockPool:
         self.ref = [0] * num_blocks
         self.bhash: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # hash -> its first cached block (vLLM `get_one_block`)
-        self.copies: dict[int, list[int]] = {}  # hash -> its other cached blocks, oldest first
+        self.copies: dict[int, dict[int, None]] = {}  # hash -> its other cached blocks, oldest first
         # free queue: block ids 0..n-1, head sentinel n, tail sentinel n+1; eviction end first
         self.head, self.tail = num_blocks, num_blocks + 1
         self.nxt = [*range(1, num_blocks), self.tail, 0, -1]
@@ -157,7 +157,7 @@ class BlockPool:
             return False
         self.bhash[block] = h
         if h in self.cached:
-            self.copies.setdefault(h, []).append(block)
+            self.copies.setdefault(h, {})[block] = None
             return False
         self.cached[h] = block
         return True
@@ -165,13 +165,15 @@ class BlockPool:
     def _promote(self, h: int) -> None:
         """The first copy of `h` is gone: the next oldest becomes the one lookups take."""
         rest = self.copies[h]
-        self.cached[h] = rest.pop(0)
+        b = next(iter(rest))
+        del rest[b]
+        self.cached[h] = b
         if not rest:
             del self.copies[h]
 
     def _drop_copy(self, h: int, b: int) -> None:
         rest = self.copies[h]
-        rest.remove(b)
+        del rest[b]
         if not rest:
             del self.copies[h]
 

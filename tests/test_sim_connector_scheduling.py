@@ -2,8 +2,9 @@
 the step probe measured it on the H200 (tests/data/h200-runs-6: bench/stepprobe on vLLM 0.24.0):
 
 - a preempted request's blocks return to the pool only after the step in flight (vLLM
-  `Scheduler.defer_block_free`), so one request that cannot grow preempts every request behind
-  it: bursts of 6-13 preemptions in one step with SimpleCPUOffload, none without a connector;
+  `Scheduler.defer_block_free`) if that step ran it, so one request that cannot grow preempts
+  every request behind it: bursts of 6-13 preemptions in one step with SimpleCPUOffload, none
+  without a connector;
 - SimpleCPUOffload's loads are paced by the steps (launched after the forward of the step that
   scheduled them, polled by later steps, their output processed after the next schedule): a
   request with CPU hits runs three schedules after the one that started its load at the earliest.
@@ -62,6 +63,34 @@ def test_with_a_connector_a_request_that_cannot_grow_preempts_every_request_behi
     # running list, the request itself included (vLLM's loop ends when it preempts itself)
     assert max(with_connector) == 4
     assert sum(with_connector) > sum(without)
+
+
+def _two_decoding(victim_ran_last: bool) -> tuple[SimEngine, SimRequest, SimRequest]:
+    """A and C decode, four blocks each, on a full 8-block pool; A is first and needs a block.
+    A ran in the step in flight; C did too, or not (the step's token budget ran out before it)."""
+    eng = _engine(connector=True, blocks=8)
+    reqs = []
+    for rid in ("A", "C"):
+        r = SimRequest(rid=rid, prompt_len=4 * BS, max_tokens=100,
+                       block_hashes=[hash((rid, j)) for j in range(4)])
+        r.blocks, r.num_computed, r.num_out, r.state = eng.pool.allocate(4), 4 * BS, 1, RUNNING
+        reqs.append(r)
+    a, c = reqs
+    eng.running, eng.seq = [a, c], 5
+    a.ran_seq, c.ran_seq = 4, 4 if victim_ran_last else 3
+    eng._schedule(0.0)
+    return eng, a, c
+
+
+def test_a_preempted_request_the_step_in_flight_did_not_run_frees_its_blocks_at_once():
+    """vLLM defers a preempted request's blocks only while a step in flight may still write them
+    (`_free_request_blocks`: `last_sched_seq > processed_step_seq`); a request that step did not
+    run is freed at once, and the request that needed a block grows into them."""
+    eng, a, c = _two_decoding(victim_ran_last=False)
+    assert eng.stats.num_preemptions == 1 and c in eng.waiting
+    assert a in eng.running and len(a.blocks) == 5
+    eng, a, c = _two_decoding(victim_ran_last=True)  # deferred: A preempts itself as well
+    assert eng.stats.num_preemptions == 2 and not eng.running
 
 
 def test_the_preempted_blocks_are_free_once_the_schedule_is_over():

@@ -39,6 +39,7 @@ class SimRequest:
     load_seen: int = -1  # schedule before which a step's poll saw it finished (-1: not yet)
     tier_pin: list[int] = field(default_factory=list)  # offload-tier hits pinned for its load
     preemptions: int = 0
+    ran_seq: int = -1  # the schedule whose step last ran it (sim/sched.py `_preempt`)
     counted: bool = False  # prefix-cache stats recorded (first lookup only)
     # tokens hit (GPU + tier) at its latest admission before its first token: what vLLM 0.24
     # reports as cached for a request preempted mid-prefill (0.32, as served: the first admission's)

@@ -5,10 +5,12 @@ sim/engine.py runs the steps.
 - Running requests first (decode, or the next chunk of a chunked prefill) under the step's
   token budget; when the pool has no free block the newest running request is preempted
   (recompute: its blocks are freed, it goes back to the front of the waiting queue).
-- With a KV connector the blocks of a preempted request return to the pool only once the step in
-  flight has run (vLLM 0.24/0.32 `Scheduler.defer_block_free`: a consumer connector, `kv_both`
-  included, with asynchronous scheduling; `_free_request_blocks` queues them in `deferred_frees`,
-  drained when that step's output is processed, after the next schedule). Preempting frees no
+- With a KV connector the blocks of a preempted request that ran in the step in flight return
+  to the pool only once that step has run (vLLM 0.24/0.32 `Scheduler.defer_block_free`: a
+  consumer connector, `kv_both` included, with asynchronous scheduling; `_free_request_blocks`
+  queues them in `deferred_frees`, drained when that step's output is processed, after the next
+  schedule). A request the step in flight did not run (its token budget ran out before it) is
+  freed at once (`last_sched_seq <= processed_step_seq`). Preempting frees no
   block for the rest of the schedule, so one request that cannot grow preempts every running
   request behind it, itself included: the bursts of 6-13 preemptions in one step measured on the
   H200 (tests/data/h200-runs-6), where the same pool without a connector preempted none.
@@ -135,6 +137,7 @@ class Scheduler:
                     batch.add_decode(req, req.num_computed, n)
                 else:
                     batch.add_prefill(req, req.num_computed, n)
+                req.ran_seq = self.seq
                 i += 1
                 continue
             break  # the request itself was preempted
@@ -205,6 +208,7 @@ class Scheduler:
             running.append(req)
             budget -= n
             batch.add_prefill(req, req.num_computed, n)
+            req.ran_seq = self.seq
             batch.admitted_tokens += n
         if launched and self.paced_loads:
             # the worker launches the step's loads on the host before their copies can start
@@ -382,7 +386,7 @@ class Scheduler:
         return True
 
     def _preempt(self, req: SimRequest) -> None:
-        if self.defer_free:
+        if self.defer_free and req.ran_seq == self.seq - 1:  # the step in flight ran it
             self._deferred.append(req.blocks)
         else:
             self.pool.release(req.blocks)

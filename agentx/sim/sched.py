@@ -10,9 +10,9 @@ sim/engine.py runs the steps.
   consumer connector, `kv_both` included, with asynchronous scheduling; `_free_request_blocks`
   queues them in `deferred_frees`, drained when that step's output is processed, after the next
   schedule). A request the step in flight did not run (its token budget ran out before it) is
-  freed at once (`last_sched_seq <= processed_step_seq`). Preempting frees no
-  block for the rest of the schedule, so one request that cannot grow preempts every running
-  request behind it, itself included: the bursts of 6-13 preemptions in one step measured on the
+  freed at once (`last_sched_seq <= processed_step_seq`). Otherwise preempting frees no block
+  for the rest of the schedule, so one request that cannot grow preempts every running request
+  behind it, itself included: the bursts of 6-13 preemptions in one step measured on the
   H200 (tests/data/h200-runs-6), where the same pool without a connector preempted none.
 - A finished request's blocks return to the pool after the next schedule: with asynchronous
   scheduling (vLLM 0.24 `EngineCore.step_with_batch_queue`, a batch queue of 2) batch k+1 is

@@ -129,23 +129,15 @@ class BlockPool:
         if n > self._nfree:
             return None
         out = []
-        bhash, cached, ref, nxt, unlink = self.bhash, self.cached, self.ref, self.nxt, self._unlink
+        bhash, ref, nxt, unlink = self.bhash, self.ref, self.nxt, self._unlink
         for _ in range(n):
             b = nxt[self.head]
             unlink(b)
             h = bhash[b]
-            if h is not None:
-                bhash[b] = None
-                if cached.get(h) == b:
-                    if h in self.copies:  # another copy stays cached: no content evicted
-                        self._promote(h)
-                    else:
-                        del cached[h]
-                        self.evictions += 1
-                        if self.on_evict is not None:
-                            self.on_evict(h)
-                else:
-                    self._drop_copy(h, b)
+            if h is not None and self._uncache(b, h):
+                self.evictions += 1
+                if self.on_evict is not None:
+                    self.on_evict(h)
             ref[b] = 1
             out.append(b)
         return out
@@ -162,20 +154,20 @@ class BlockPool:
         self.cached[h] = block
         return True
 
-    def _promote(self, h: int) -> None:
-        """The first copy of `h` is gone: the next oldest becomes the one lookups take."""
-        rest = self.copies[h]
-        b = next(iter(rest))
+    def _uncache(self, b: int, h: int) -> bool:
+        """Block `b` no longer holds content `h`; True if no other copy of it stays cached. When
+        `b` was the copy lookups take, the next oldest becomes it."""
+        self.bhash[b] = None
+        rest = self.copies.get(h)
+        if rest is None:
+            del self.cached[h]
+            return True
+        if self.cached[h] == b:
+            self.cached[h] = b = next(iter(rest))
         del rest[b]
-        self.cached[h] = b
         if not rest:
             del self.copies[h]
-
-    def _drop_copy(self, h: int, b: int) -> None:
-        rest = self.copies[h]
-        del rest[b]
-        if not rest:
-            del self.copies[h]
+        return False
 
     def release(self, blocks: Sequence[int], tail_first: bool = True) -> None:
         """Drop references: a request's tail first, so its prefix stays cached longest (a
@@ -206,11 +198,4 @@ class BlockPool:
         for b in self.free_blocks():
             h = self.bhash[b]
             if h is not None:
-                if self.cached.get(h) == b:
-                    if h in self.copies:
-                        self._promote(h)
-                    else:
-                        del self.cached[h]
-                else:
-                    self._drop_copy(h, b)
-            self.bhash[b] = None
+                self._uncache(b, h)

@@ -24,6 +24,7 @@ from agentx.sim.build import build_engine
 from agentx.sim.config import SimConfig
 from agentx.sim.offload import lazy_target_blocks
 from agentx.sim.request import SimRequest
+from vllm_env.sessions import GrowingSessions
 
 pytestmark = pytest.mark.vllm
 
@@ -37,29 +38,16 @@ def workload(seed: int, schedules: int = 120, sessions: int = 5):
     each full block's content label, and a generator of each schedule's ops given the
     simulator's state (which requests run and load)."""
     rng = random.Random(seed)
-    system = [rng.randrange(1000, 30000) for _ in range(2 * BS)]
+    gen = GrowingSessions(rng, BS)
     prompts: dict[str, list[int]] = {}
     labels: dict[str, list[str]] = {}
-    streams: dict[int, list[int]] = {}
-    turn: dict[int, int] = {}
-    serial = iter(range(10**6))
-
-    def new_session() -> int:
-        s = next(serial)
-        streams[s], turn[s] = list(system), 0
-        return s
 
     def next_request(s: int) -> str:
-        toks = streams[s]
-        toks += [rng.randrange(1000, 30000) for _ in range(rng.randint(1, 3) * BS + rng.randint(1, BS - 1))]
-        rid = f"s{s}t{turn[s]}"
-        turn[s] += 1
-        prompts[rid] = list(toks)
-        labels[rid] = [("sys" if i < 2 else f"s{s}") + f".{i}" for i in range(len(toks) // BS)]
+        rid, prompts[rid], labels[rid] = gen.next_request(s)
         return rid
 
     def plan(state):
-        live = {new_session(): None for _ in range(sessions)}  # session -> request in flight
+        live = {gen.new_session(): None for _ in range(sessions)}  # session -> request in flight
         # session -> schedules left before its next turn; the first turns one schedule apart, so
         # the system prompt is cached before a second request looks it up (vLLM caches a block
         # when it allocates it, the simulator once its step has run: the traces' sessions share
@@ -72,9 +60,9 @@ def workload(seed: int, schedules: int = 120, sessions: int = 5):
                 if rid is not None and rid in running and rng.random() < 0.5:
                     ops.append(["finish", rid])
                     live[s], idle[s] = None, rng.randint(0, 3)
-                    if len(streams[s]) > 24 * BS:
+                    if gen.tokens(s) > 24 * BS:
                         del live[s], idle[s]
-                        s = new_session()
+                        s = gen.new_session()
                         live[s], idle[s] = None, rng.randint(0, 3)
             if loading and rng.random() < 0.5:
                 ops.append(["loaded"])

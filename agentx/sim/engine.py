@@ -190,6 +190,8 @@ class SimEngine(Scheduler):
                 if acceptance is not None:
                     stats.on_drafts(self.k, acc)
                 req.num_computed += 1 + acc
+                if req.num_computed // bs > len(req.block_hashes):
+                    self._uncached.append(req)  # cached when the output is processed
                 gen = 1 + acc
             else:
                 before = req.num_computed
@@ -202,6 +204,8 @@ class SimEngine(Scheduler):
                         req.created_cache += bs
                 if offload is not None and offload.eager:
                     offload.store_many(hashes[lo:hi])
+                if req.num_computed // bs > len(hashes):  # a recompute reached its output
+                    self._cache_output(req)
                 if req.num_computed < req.target_len:
                     continue  # chunked prefill continues next step
                 gen = 1
@@ -227,6 +231,8 @@ class SimEngine(Scheduler):
             # processes the output at once
             later = self.has_requests
             for req in finished:
+                if req.num_computed // bs > len(req.block_hashes):
+                    self._cache_output(req)  # before its blocks go back
                 if later and req.blocks:
                     self._finished.append(req.blocks)
                     req.blocks = []

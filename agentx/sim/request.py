@@ -40,6 +40,7 @@ class SimRequest:
     tier_pin: list[int] = field(default_factory=list)  # offload-tier hits pinned for its load
     preemptions: int = 0
     ran_seq: int = -1  # the schedule whose step last ran it (sim/sched.py `_preempt`)
+    own_hashes: bool = False  # block_hashes is this request's own list (`_cache_output` grows it)
     counted: bool = False  # prefix-cache stats recorded (first lookup only)
     # tokens hit (GPU + tier) at its latest admission before its first token: what vLLM 0.24
     # reports as cached for a request preempted mid-prefill (0.32, as served: the first admission's)

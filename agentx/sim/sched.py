@@ -100,6 +100,8 @@ class Scheduler:
         self._finished: list[list[int]] = []
         self._freed_finished = False  # the last schedule was followed by such frees
         self._link_free = 0.0
+        self._out_serial = 0  # the last hash given to an output block (`_cache_output`)
+        self._uncached: list[SimRequest] = []  # decoded into a new full block in the step in flight
         # where request timestamps come from: the wall clock when serving, a virtual clock offline
         self.now_ns = time.perf_counter_ns
         # called with each request before its prefix lookup; sim_calibration's replay sets it to
@@ -153,11 +155,23 @@ class Scheduler:
         for blocks in self._deferred:
             self.pool.release(blocks)
         self._deferred.clear()
+        for req in self._uncached:  # not a request this schedule preempted (vLLM skips those)
+            if req.state == RUNNING:
+                self._cache_output(req)
+        self._uncached.clear()
         self._freed_finished = bool(self._finished)
         for blocks in self._finished:
             self.pool.release(blocks)
         self._finished.clear()
         if walker is not None:
+            # the loads this output completes (`_loaded` once the schedule is counted) give
+            # their tier blocks back before its stores complete: vLLM 0.24/0.32
+            # `SimpleCPUOffloadScheduler.update_connector_output` takes the load completions
+            # first, then the store completions
+            for req in self.loading:
+                if req.tier_pin and req.load_seen >= 0 and self.seq + 1 >= req.load_seen + 2:
+                    walker.unpin(req.tier_pin)
+                    req.tier_pin = []
             walker.release_completed(self.pool)
         batch.preempted = preempted
         self.seq += 1
@@ -384,6 +398,29 @@ class Scheduler:
             return False
         req.blocks += new
         return True
+
+    def _cache_output(self, req: SimRequest) -> None:
+        """Cache the blocks past the prompt's full blocks that steps filled with computed tokens
+        (the prompt's tail and the output). vLLM caches every full block of a request's sequence:
+        the asynchronous scheduler when it processes a step's output, after the next schedule
+        (vLLM 0.24/0.32 `AsyncScheduler._update_request_with_output` -> `cache_blocks` up to the
+        computed tokens; a request that finishes in that step too, one the schedule preempted
+        not), and `allocate_slots` for a recompute after a preemption. No prompt repeats that
+        content, so each gets a hash of its own (a negative serial, apart from the prompts'
+        hashes), kept in the request's `block_hashes` for its recompute to find. Cached, they go
+        to the free queue's back when the request finishes (uncached blocks go to its front),
+        and the lazy walk stores them."""
+        full = min(req.num_computed // self.bs, len(req.blocks))
+        hashes = req.block_hashes
+        if full <= len(hashes):
+            return
+        if not req.own_hashes:  # the caller's list (a replay shares its keys): copy before growing
+            req.block_hashes = hashes = list(hashes)
+            req.own_hashes = True
+        for j in range(len(hashes), full):
+            self._out_serial -= 1
+            hashes.append(self._out_serial)
+            self.pool.commit(req.blocks[j], self._out_serial)
 
     def _preempt(self, req: SimRequest) -> None:
         if self.defer_free and req.ran_seq == self.seq - 1:  # the step in flight ran it

@@ -10,7 +10,8 @@ admission order (vLLM's `finished_recving` is a set: its order is arbitrary).
 
 Case on stdin: {"bs", "pool", "cpu", "batch", "max_seqs", "model" (a directory with a config.json),
 "requests": {rid: {"tokens", "labels" (per full prompt block), "out" (max_tokens)}},
-"schedules": [[["arrive", rid], ...], ...]}. Per schedule it prints the scheduled requests
+"schedules": [[["arrive", rid], ...], ...], "defer": whether a preempted request's blocks are
+deferred as vLLM 0.24 does}. Per schedule it prints the scheduled requests
 {rid: [first token, tokens]}, the loads it started {rid: tokens computed with the load}, the
 requests it preempted, those finished in the output processed after it, the GPU free queue
 (eviction end first) and the tier (evictable blocks in eviction order, then the pinned ones
@@ -58,9 +59,19 @@ kcc = KVCacheConfig(num_blocks=POOL + 1,
 cc.num_gpu_blocks = POOL + 1
 sched = AsyncScheduler(vllm_config=vc, kv_cache_config=kcc, structured_output_manager=StructuredOutputManager(vc),
                        block_size=BS)
-# as the simulator with `defer_free` off: vLLM 0.32 no longer preempts a request whose blocks it
-# must defer (`_request_blocks_can_be_freed`), 0.24 (the runs' version, sim/sched.py) does
-sched.defer_block_free = False
+sched.defer_block_free = bool(case.get("defer"))
+if sched.defer_block_free:
+    # vLLM 0.24, the real runs' version, preempts a request whose blocks it must defer and goes on
+    # preempting (the bursts sim/sched.py models); 0.32 stops there instead (the running loop's
+    # `if not self._request_blocks_can_be_freed(preempted_req): break`). The check answers yes
+    # to the running loop only; the deferral itself (`_free_request_blocks`, its fences) is
+    # 0.24's and 0.32's alike.
+    can_be_freed = sched._request_blocks_can_be_freed
+
+    def _can_be_freed_024(request):
+        return sys._getframe(1).f_code.co_name == "schedule" or can_be_freed(request)
+
+    sched._request_blocks_can_be_freed = _can_be_freed_024
 init_none_hash(sha256)
 hasher = get_request_block_hasher(BS, sha256)
 reqs = {rid: Request(rid, c["tokens"], SamplingParams(max_tokens=c["out"], ignore_eos=True), None, block_hasher=hasher)

@@ -19,7 +19,9 @@ sim/engine.py runs the steps.
   scheduled before batch k's output is processed, and `update_from_output` frees the requests
   that finished in batch k (`_free_request`), after the deferred frees of preemptions and before
   the connector's completed stores. With nothing left to schedule the output is processed at
-  once.
+  once. The same processing caches the blocks a decode step filled (`_cache_output`), except a
+  request that schedule preempted, and gives back the tier blocks of the loads that step's
+  output completes before its completed stores (`update_connector_output`: loads first).
 - With vLLM's SimpleCPUOffload as it runs (`offload_store_walk`) loads are paced by the steps
   (vLLM 0.24 `SimpleCPUOffloadWorker`: launched in `get_finished` after the forward of the step
   that scheduled them, on their own stream at the measured copy rate, `offload_load_copy_gbps`,
@@ -404,8 +406,8 @@ class Scheduler:
         (the prompt's tail and the output). vLLM caches every full block of a request's sequence:
         the asynchronous scheduler when it processes a step's output, after the next schedule
         (vLLM 0.24/0.32 `AsyncScheduler._update_request_with_output` -> `cache_blocks` up to the
-        computed tokens; a request that finishes in that step too, one the schedule preempted
-        not), and `allocate_slots` for a recompute after a preemption. No prompt repeats that
+        computed tokens, for a request that finishes in that step as well, but not for one that
+        schedule preempted), and `allocate_slots` for a recompute after a preemption. No prompt repeats that
         content, so each gets a hash of its own (a negative serial, apart from the prompts'
         hashes), kept in the request's `block_hashes` for its recompute to find. Cached, they go
         to the free queue's back when the request finishes (uncached blocks go to its front),

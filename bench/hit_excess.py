@@ -12,6 +12,8 @@ jittered as bench/sim_vs_real.py does):
   others;
 - the zero-hit requests: real, each replay's count, how many of those are the real ones, and the
   share of the prompt the replay found for the real zero-hit requests it served a hit;
+- the hit by prompt size: the measured requests in thirds by prompt length, each third's cached
+  share of its prompt tokens, real and the replays' (median and range);
 - for a run probed with bench/stepprobe, the lazy walk's totals, real against the replays'
   median: blocks stored, walks that stored any, walks started at the free queue's head, blocks
   lost from the GPU without a CPU copy, blocks evicted from the CPU tier.
@@ -76,7 +78,17 @@ def split(recs: list[dict], sims: list[list[dict]]) -> dict:
         z = {r["request_id"] for r in meas if (s[index[r["request_id"]]]["cached"] or 0) < ZERO * r["isl"]}
         sim_zero.append(z)
         served.append([(s[index[i]]["cached"] or 0) / ok[index[i]]["isl"] for i in zero - z])
-    return {"real_rate": 100 * sum(real.values()) / prompt, "measured": len(meas),
+    order = sorted(real, key=lambda i: ok[index[i]]["isl"])
+    k = len(order) // 3
+    thirds = [order[:k], order[k:2 * k], order[2 * k:]]
+
+    def share(hit: dict, ids: list) -> float:
+        return 100 * sum(hit[i] for i in ids) / max(1, sum(ok[index[i]]["isl"] for i in ids))
+
+    by_size = {"real": [share(real, t) for t in thirds],
+               "sims": [[share({i: s[index[i]]["cached"] or 0 for i in real}, t) for t in thirds]
+                        for s in sims]}
+    return {"real_rate": 100 * sum(real.values()) / prompt, "measured": len(meas), "by_size": by_size,
             "rates": [100 * sum(s[index[i]]["cached"] or 0 for i in real) / prompt for s in sims],
             "total": excess(real), "zero": zero, "on_zero": excess(zero),
             "on_others": excess(set(real) - zero), "sim_zero": sim_zero, "served": served}
@@ -96,6 +108,13 @@ def report(name: str, recs: list[dict], sims: list[list[dict]], walks: list[dict
             (f"; the other real zero-hit ones found {100 * statistics.mean(v):.0f} % of their prompt)"
              if v else ")") for z, v in zip(f["sim_zero"], f["served"])]
     print(f"- zero-hit requests: real {len(zero)}; per replay " + ", ".join(rows))
+    size = f["by_size"]
+    cells = []
+    for j, name in enumerate(("shortest", "middle", "longest")):
+        v = [s[j] for s in size["sims"]]
+        cells.append(f"{name} third real {size['real'][j]:.1f} %, replays {statistics.median(v):.1f} % "
+                     f"({min(v):.1f}-{max(v):.1f})")
+    print("- hit by prompt size: " + "; ".join(cells))
     real = real_walk(name)
     if real is not None and walks:
         cells = [f"{k} {'not recorded' if real[k] is None else f'{real[k]:,}'} / "

@@ -245,6 +245,13 @@ def test_hit_excess_splits_a_replays_extra_hits_by_the_real_zero_hit_requests():
     assert f["total"] == pytest.approx(f["rates"][0] - f["real_rate"])
     assert all(0 < x <= 1 for x in f["served"][0])
     assert stats["walks"] > 0 and stats["walk_restarts"] > 0
+    # the thirds by prompt size, weighted by their prompt tokens, give back the whole rate
+    ok = {r["request_id"]: r for r in recs if r.get("ok")}
+    order = sorted(ids, key=lambda i: ok[i]["isl"])
+    k = len(order) // 3
+    weights = [sum(ok[i]["isl"] for i in t) for t in (order[:k], order[k:2 * k], order[2 * k:])]
+    for got, want in ((f["by_size"]["real"], f["real_rate"]), (f["by_size"]["sims"][0], f["rates"][0])):
+        assert sum(g * w for g, w in zip(got, weights)) / sum(weights) == pytest.approx(want)
 
 
 def test_closed_loop_sends_each_lanes_next_request_its_recorded_gap_after_the_simulated_end():

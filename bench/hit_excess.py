@@ -68,16 +68,17 @@ def split(recs: list[dict], sims: list[list[dict]]) -> dict:
     prompt = sum(r["isl"] for r in meas)
     real = {r["request_id"]: r["cached_tokens"] or 0 for r in meas}
     zero = {r["request_id"] for r in meas if real[r["request_id"]] < ZERO * r["isl"]}
-    sim = {i: statistics.median(s[index[i]]["cached"] or 0 for s in sims) for i in real}
+    hits = [{i: s[index[i]]["cached"] or 0 for i in real} for s in sims]  # per replay
+    sim = {i: statistics.median(h[i] for h in hits) for i in real}
 
     def excess(ids) -> float:
         return 100 * sum(sim[i] - real[i] for i in ids) / prompt
 
     sim_zero, served = [], []
-    for s in sims:
-        z = {r["request_id"] for r in meas if (s[index[r["request_id"]]]["cached"] or 0) < ZERO * r["isl"]}
+    for h in hits:
+        z = {r["request_id"] for r in meas if h[r["request_id"]] < ZERO * r["isl"]}
         sim_zero.append(z)
-        served.append([(s[index[i]]["cached"] or 0) / ok[index[i]]["isl"] for i in zero - z])
+        served.append([h[i] / ok[index[i]]["isl"] for i in zero - z])
     order = sorted(real, key=lambda i: ok[index[i]]["isl"])
     k = len(order) // 3
     thirds = [order[:k], order[k:2 * k], order[2 * k:]]
@@ -86,10 +87,9 @@ def split(recs: list[dict], sims: list[list[dict]]) -> dict:
         return 100 * sum(hit[i] for i in ids) / max(1, sum(ok[index[i]]["isl"] for i in ids))
 
     by_size = {"real": [share(real, t) for t in thirds],
-               "sims": [[share({i: s[index[i]]["cached"] or 0 for i in real}, t) for t in thirds]
-                        for s in sims]}
+               "sims": [[share(h, t) for t in thirds] for h in hits]}
     return {"real_rate": 100 * sum(real.values()) / prompt, "measured": len(meas), "by_size": by_size,
-            "rates": [100 * sum(s[index[i]]["cached"] or 0 for i in real) / prompt for s in sims],
+            "rates": [100 * sum(h.values()) / prompt for h in hits],
             "total": excess(real), "zero": zero, "on_zero": excess(zero),
             "on_others": excess(set(real) - zero), "sim_zero": sim_zero, "served": served}
 
@@ -110,9 +110,9 @@ def report(name: str, recs: list[dict], sims: list[list[dict]], walks: list[dict
     print(f"- zero-hit requests: real {len(zero)}; per replay " + ", ".join(rows))
     size = f["by_size"]
     cells = []
-    for j, name in enumerate(("shortest", "middle", "longest")):
+    for j, part in enumerate(("shortest", "middle", "longest")):
         v = [s[j] for s in size["sims"]]
-        cells.append(f"{name} third real {size['real'][j]:.1f} %, replays {statistics.median(v):.1f} % "
+        cells.append(f"{part} third real {size['real'][j]:.1f} %, replays {statistics.median(v):.1f} % "
                      f"({min(v):.1f}-{max(v):.1f})")
     print("- hit by prompt size: " + "; ".join(cells))
     real = real_walk(name)

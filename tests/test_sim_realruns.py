@@ -219,7 +219,7 @@ def test_tier_breaks_counts_every_measured_request_of_a_replay():
     assert rows["new content"][3] != "0" and int(rows["new content"][2]) == 0
 
 
-def test_hit_excess_splits_a_replays_extra_hits_by_the_real_zero_hit_requests():
+def test_hit_excess_splits_a_replays_extra_hits_by_the_real_zero_hit_requests(capsys):
     """bench/hit_excess.py: the probe's lazy-walk totals of offbp4 (what the test above sums),
     and a counter the probe did not have yet (off68) not recorded rather than zero; the excess of
     one closed-loop replay over the real hits is the sum of its parts on the requests the real
@@ -252,6 +252,11 @@ def test_hit_excess_splits_a_replays_extra_hits_by_the_real_zero_hit_requests():
     weights = [sum(ok[i]["isl"] for i in t) for t in (order[:k], order[k:2 * k], order[2 * k:])]
     for got, want in ((f["by_size"]["real"], f["real_rate"]), (f["by_size"]["sims"][0], f["rates"][0])):
         assert sum(g * w for g, w in zip(got, weights)) / sum(weights) == pytest.approx(want)
+    # the report prints the size split and, for this probed run, the walk totals beside it
+    mod.report("offbp4", recs, sims, [stats])
+    out = capsys.readouterr().out
+    assert "- hit by prompt size: shortest third real 66.9 %" in out
+    assert "- lazy walk, real / replays' median: stored 107,805 / " in out
 
 
 def test_closed_loop_sends_each_lanes_next_request_its_recorded_gap_after_the_simulated_end():

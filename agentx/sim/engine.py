@@ -204,8 +204,7 @@ class SimEngine(Scheduler):
                         req.created_cache += bs
                 if offload is not None and offload.eager:
                     offload.store_many(hashes[lo:hi])
-                if req.num_computed // bs > len(hashes):  # a recompute reached its output
-                    self._cache_output(req)
+                self._cache_output(req)  # a recompute that reached its output
                 if req.num_computed < req.target_len:
                     continue  # chunked prefill continues next step
                 gen = 1
@@ -231,8 +230,7 @@ class SimEngine(Scheduler):
             # processes the output at once
             later = self.has_requests
             for req in finished:
-                if req.num_computed // bs > len(req.block_hashes):
-                    self._cache_output(req)  # before its blocks go back
+                self._cache_output(req)  # before its blocks go back
                 if later and req.blocks:
                     self._finished.append(req.blocks)
                     req.blocks = []

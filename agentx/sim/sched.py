@@ -166,12 +166,12 @@ class Scheduler:
             self.pool.release(blocks)
         self._finished.clear()
         if walker is not None:
-            # the loads this output completes (`_loaded` once the schedule is counted) give
-            # their tier blocks back before its stores complete: vLLM 0.24/0.32
+            # the loads this output completes (once this schedule is counted) give their tier
+            # blocks back before its stores complete: vLLM 0.24/0.32
             # `SimpleCPUOffloadScheduler.update_connector_output` takes the load completions
             # first, then the store completions
             for req in self.loading:
-                if req.tier_pin and req.load_seen >= 0 and self.seq + 1 >= req.load_seen + 2:
+                if req.tier_pin and self._load_reported(req, self.seq + 1):
                     walker.unpin(req.tier_pin)
                     req.tier_pin = []
             walker.release_completed(self.pool)
@@ -389,7 +389,13 @@ class Scheduler:
             if req.load_until > now or self.seq <= req.load_seq:
                 return False
             req.load_seen = self.seq
-        return self._idle or self.seq >= req.load_seen + 2
+        return self._idle or self._load_reported(req, self.seq)
+
+    @staticmethod
+    def _load_reported(req: SimRequest, seq: int) -> bool:
+        """Whether a paced load a step's poll saw finished has reached the scheduler by the time
+        `seq` schedules have run: that step's output is processed after the next schedule."""
+        return req.load_seen >= 0 and seq >= req.load_seen + 2
 
     def _grow(self, req: SimRequest, tokens: int) -> bool:
         need = -(-tokens // self.bs) - len(req.blocks)
@@ -407,11 +413,11 @@ class Scheduler:
         the asynchronous scheduler when it processes a step's output, after the next schedule
         (vLLM 0.24/0.32 `AsyncScheduler._update_request_with_output` -> `cache_blocks` up to the
         computed tokens, for a request that finishes in that step as well, but not for one that
-        schedule preempted), and `allocate_slots` for a recompute after a preemption. No prompt repeats that
-        content, so each gets a hash of its own (a negative serial, apart from the prompts'
-        hashes), kept in the request's `block_hashes` for its recompute to find. Cached, they go
-        to the free queue's back when the request finishes (uncached blocks go to its front),
-        and the lazy walk stores them."""
+        schedule preempted), and `allocate_slots` for a recompute after a preemption. No prompt
+        repeats that content, so each gets a hash of its own (a negative serial, apart from the
+        prompts' hashes), kept in the request's `block_hashes` for its recompute to find.
+        Cached, they go to the free queue's back when the request finishes (uncached blocks go
+        to its front), and the lazy walk stores them. A no-op when there is nothing new."""
         full = min(req.num_computed // self.bs, len(req.blocks))
         hashes = req.block_hashes
         if full <= len(hashes):

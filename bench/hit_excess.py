@@ -13,7 +13,9 @@ jittered as bench/sim_vs_real.py does):
 - the zero-hit requests: real, each replay's count, how many of those are the real ones, and the
   share of the prompt the replay found for the real zero-hit requests it served a hit;
 - the hit by prompt size: the measured requests in thirds by prompt length, each third's cached
-  share of its prompt tokens, real and the replays' (median and range);
+  share of its prompt tokens, real and the replays' (median and range); for a run probed with
+  bench/stepprobe, each third's share split by where the hit came from, the GPU's prefix cache
+  or the tier (the probe's `load` events; `real_tier`);
 - for a run probed with bench/stepprobe, the lazy walk's totals, real against the replays'
   median: blocks stored, walks that stored any, walks started at the free queue's head, blocks
   lost from the GPU without a CPU copy, blocks evicted from the CPU tier.
@@ -27,6 +29,8 @@ Run: .venv/bin/python bench/hit_excess.py [--runs offb,offbp4] [--replays N] [--
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -56,12 +60,35 @@ def real_walk(name: str) -> dict[str, int | None] | None:
     return None
 
 
-def split(recs: list[dict], sims: list[list[dict]]) -> dict:
+def real_tier(name: str) -> dict[str, int] | None:
+    """Per request of run `name` (request_id -> tokens), what the tier gave its latest admission
+    before its first token: the `ext` tokens of its last `load` event (the probe's events,
+    tests/data/h*-runs*/steps/NAME-events.jsonl.gz) before any preemption after an output token.
+    None for a run probed without events. An admission after a preemption that took only GPU
+    hits leaves no event, so the caller caps this at the request's reported hit."""
+    for path in sorted(DATA.glob(f"h*-runs*/steps/{name}-events.jsonl.gz")):
+        tier: dict[str, int] = {}
+        decoded: set[str] = set()  # preempted after an output token: later loads come after it
+        with gzip.open(path, "rt") as f:
+            for line in f:
+                e = json.loads(line)
+                rid = e.get("req", "")[len("cmpl-"):].rsplit("-", 2)[0]  # cmpl-ID-0-SUFFIX
+                if e["ev"] == "load" and rid not in decoded:
+                    tier[rid] = e["ext"]
+                elif e["ev"] == "preempt" and e.get("out"):
+                    decoded.add(rid)
+        return tier
+    return None
+
+
+def split(recs: list[dict], sims: list[list[dict]], tier: dict[str, int] | None = None) -> dict:
     """The excess of run `recs`'s replays `sims` (each replay's rows in `replay`'s order), in
     points of the measured prompt tokens: `total`, on the real zero-hit requests (`zero`: their
     ids) and on the others; each request's simulated hit is the median over the replays. Also the
     replays' hit rates (`rates`) and, per replay, its zero-hit requests (`sim_zero`) and the share
-    of the prompt it found for the real zero-hit requests it served a hit (`served`)."""
+    of the prompt it found for the real zero-hit requests it served a hit (`served`). Given the
+    real run's tier hits (`tier`, `real_tier`), `by_source` has each third's GPU and tier shares,
+    real and per replay."""
     ok = [r for r in recs if r.get("ok")]
     index = {r["request_id"]: i for i, r in enumerate(ok)}
     meas = measured(recs)
@@ -88,7 +115,18 @@ def split(recs: list[dict], sims: list[list[dict]]) -> dict:
 
     by_size = {"real": [share(real, t) for t in thirds],
                "sims": [[share(h, t) for t in thirds] for h in hits]}
+    by_source = None
+    if tier is not None:
+        real_t = {i: min(tier.get(i, 0), real[i]) for i in real}
+        sim_t = [{i: s[index[i]]["cached_tier"] for i in real} for s in sims]
+
+        def sources(hit: dict, from_tier: dict) -> list[tuple[float, float]]:
+            gpu = {i: hit[i] - from_tier[i] for i in real}
+            return [(share(gpu, t), share(from_tier, t)) for t in thirds]
+
+        by_source = {"real": sources(real, real_t), "sims": [sources(h, t) for h, t in zip(hits, sim_t)]}
     return {"real_rate": 100 * sum(real.values()) / prompt, "measured": len(meas), "by_size": by_size,
+            "by_source": by_source,
             "rates": [100 * sum(h.values()) / prompt for h in hits],
             "total": excess(real), "zero": zero, "on_zero": excess(zero),
             "on_others": excess(set(real) - zero), "sim_zero": sim_zero, "served": served}
@@ -97,7 +135,7 @@ def split(recs: list[dict], sims: list[list[dict]]) -> dict:
 def report(name: str, recs: list[dict], sims: list[list[dict]], walks: list[dict]) -> None:
     """Print run `name`'s split (`split`) and, if it was probed, its walk totals against the
     replays' (`walks`: each replay's `stats`)."""
-    f = split(recs, sims)
+    f = split(recs, sims, real_tier(name))
     rates, zero = f["rates"], f["zero"]
     print(f"\n### {name} ({f['measured']} measured requests, {len(sims)} replays)\n")
     print(f"- hit rate: real {f['real_rate']:.1f} %, replays' median {statistics.median(rates):.1f} % "
@@ -115,6 +153,14 @@ def report(name: str, recs: list[dict], sims: list[list[dict]], walks: list[dict
         cells.append(f"{part} third real {size['real'][j]:.1f} %, replays {statistics.median(v):.1f} % "
                      f"({min(v):.1f}-{max(v):.1f})")
     print("- hit by prompt size: " + "; ".join(cells))
+    if f["by_source"] is not None:
+        src = f["by_source"]
+        cells = []
+        for j, part in enumerate(("shortest", "middle", "longest")):
+            gpu, tier = (statistics.median(s[j][k] for s in src["sims"]) for k in (0, 1))
+            cells.append(f"{part} real {src['real'][j][0]:.1f} / {src['real'][j][1]:.1f}, "
+                         f"replays {gpu:.1f} / {tier:.1f}")
+        print("- the same by source, GPU / tier % (replays' medians): " + "; ".join(cells))
     real = real_walk(name)
     if real is not None and walks:
         cells = [f"{k} {'not recorded' if real[k] is None else f'{real[k]:,}'} / "

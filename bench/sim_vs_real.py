@@ -43,8 +43,12 @@ finds exactly the hit its real run recorded (sim_calibration.replay `recorded_hi
 model judged on its own, apart from the tier's hit decision, which on these runs' pool swings
 by tens of points with a few percent of tier size (docs/simulator-calibration-log.md).
 
+With `--device H100` the same judge runs over the H100 runs (tests/data/h100-runs, -2, -3;
+realruns.h100_timed): the profile's steps with their memory-bound parts at an H100's HBM
+bandwidth (3.35 against 4.8 TB/s, the same die's compute), everything else the H200's.
+
 Run: .venv/bin/python bench/sim_vs_real.py [--runs base,spec32] [--profile PATH] [--set FIELD=VALUE]
-     [--hits tier|recorded] [--arrivals closed|recorded] [--replays N [--jitter-ms J]]
+     [--hits tier|recorded] [--arrivals closed|recorded] [--replays N [--jitter-ms J]] [--device H100]
 """
 from __future__ import annotations
 
@@ -56,7 +60,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # sim_calibration/: not installed
 from agentx.distribution import dist, rank_interval  # noqa: E402
-from sim_calibration.realruns import DATA, jittered, keys, runs  # noqa: E402
+from sim_calibration.realruns import DATA, h100_timed, jittered, keys, runs  # noqa: E402
 from sim_calibration.replay import measured, replay  # noqa: E402
 
 ROWS = [("TTFT p50", "ttft", "p50"), ("TTFT p90", "ttft", "p90"), ("TTFT p99", "ttft", "p99"),
@@ -225,13 +229,17 @@ def main() -> None:
                          "recorded send time (open loop)")
     ap.add_argument("--jitter-ms", type=float, default=2.0,
                     help="with --replays > 1: each send time moved by a seeded uniform +-J ms (default 2)")
+    ap.add_argument("--device", choices=("H200", "H100"), default="H200",
+                    help="the real runs of this GPU: the H200 runs the profile was fitted on (default), or "
+                         "the H100 runs, replayed with the profile's memory-bound parts at an H100's "
+                         "bandwidth (sim_calibration.realruns.device_calib)")
     args = ap.parse_args()
     if args.replays < 1:
         ap.error("--replays takes a whole number >= 1")
     want = set(filter(None, args.runs.split(",")))
     traces = None
     summary_rows = []
-    every = runs(DATA)
+    every = runs(DATA) if args.device == "H200" else h100_timed(DATA)
     groups = {r.group for r in every if not want or r.name in want}
     loaded = {r.name: r.load() for r in every if r.group in groups}
     reals = {name: real_figures(recs, summ) for name, (_, recs, summ) in loaded.items()}
@@ -259,8 +267,9 @@ def main() -> None:
         how = {"keys": ks, "recorded_hits": args.hits == "recorded", "closed_loop": args.arrivals == "closed"}
         for i in range(args.replays):
             sent = jittered(recs, args.jitter_ms, i)
-            sims.append(sim_figures(recs, summ, replay(cfg, sent, **how), how["closed_loop"]))
-            bares.append(sim_figures(recs, summ, replay(cfg, sent, NO_FRONT_END, **how), how["closed_loop"]))
+            sims.append(sim_figures(recs, summ, replay(cfg, sent, run.calib or None, **how), how["closed_loop"]))
+            bares.append(sim_figures(recs, summ, replay(cfg, sent, {**run.calib, **NO_FRONT_END}, **how),
+                                     how["closed_loop"]))
         lanes = summ["config"]["conc"]
         if args.replays == 1:
             v = report(run.name, lanes, real, sims[0], bares[0], group=group)

@@ -9,6 +9,7 @@ the send times of one replay of an ensemble (bench/sim_vs_real.py --replays).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from agentx.prompt.synth import Conversation, SynthConfig
 from agentx.prompt.token_model import builtin_model
 from agentx.rundir import RunDir, read_jsonl
 from agentx.sim.config import SimConfig
+from agentx.sim.profile import load_profile
 from agentx.trace.model import Turn
 
 PROFILE = "h200-qwen3-8b-bf16"
@@ -41,11 +43,35 @@ class RealRun:
     def __post_init__(self) -> None:
         self.group = self.group or self.name
 
+    @property
+    def calib(self) -> dict[str, float]:
+        """The profile's calibration constants to replace for this run's GPU (`device_calib`)."""
+        return device_calib(self.device)
+
     def load(self) -> tuple[SimConfig, list[dict], dict]:
         recs = read_jsonl(self.requests, strict=True)[0]
         summ = orjson.loads(self.summary.read_bytes())
         cfg = SimConfig(profile=PROFILE, kv_pool_tokens=summ["cache"]["kv_pool_tokens"], **self.server)
         return cfg, recs, summ
+
+
+# HBM bandwidth per GPU (TB/s), NVIDIA's H100 SXM and H200 datasheets. Both are the same die with
+# the same dense BF16 peak (989 TFLOPS): an H100's steps are the H200 profile's with the parts that
+# read memory slower by this ratio.
+HBM_TBPS = {"H200": 4.8, "H100": 3.35}
+
+
+def device_calib(device: str) -> dict[str, float]:
+    """Calibration overrides that price PROFILE's steps on `device`: its weight and KV reads
+    (`mbu`, `attn_mbu`) scaled by the GPU's HBM bandwidth over the profile's; {} on the profile's
+    own GPU. Everything else stays the H200's: the FLOP efficiencies (the same die), the host-side
+    constants and the front end (fitted on the H200's host), the copy rates (measured there)."""
+    prof = load_profile(PROFILE)
+    ratio = HBM_TBPS[device] / prof.hardware.hbm_tbps
+    if ratio == 1:
+        return {}
+    cal = prof.calibration
+    return {"mbu": cal.mbu * ratio, "attn_mbu": cal.attn_mbu * ratio}
 
 
 # vLLM 0.24.0's SimpleCPUOffloadConnector, cpu_bytes_to_use 64,424,509,440, lazy_offload: true,
@@ -93,6 +119,29 @@ def runs(data: Path) -> list[RealRun]:
                                  (h, "off68", 68.0), (h, "off68b", 68.0), (i, "off68c", 68.0),
                                  (h, "off75", 75.0), (i, "off75b", 75.0)))]
     return [r for r in out if r.requests.exists()]
+
+
+def h100_timed(data: Path) -> list[RealRun]:
+    """Every run under data/h100-runs, -2 and -3, judged on their timing by bench/sim_vs_real.py
+    --device H100 (the profile priced for an H100: `device_calib`): `h100_runs`' three tier runs
+    (h100-off75 and h100-off75b one group); h100-runs-2's base at 8 lanes twice (one group),
+    EAGLE3 at 8 and 32 lanes, and the capped pool without a tier; h100-runs-3's cold starts of
+    offA's and offB's configurations and a second EAGLE3 run at 32 lanes (120 s where h100-spec32
+    ran 90 s: not one group). On an H100's pool EAGLE3's 32 lanes overflow it (5-6 % hits): those
+    runs let the simulated cache decide."""
+    b, c = data / "h100-runs-2", data / "h100-runs-3"
+    spec = {"spec_k": 3, "synthetic_al": 2.5}
+    out = [*(RealRun(f"h100-{n}", *_files(b, f"h100-{n}-"), {}, False, group="h100-base8", device="H100")
+             for n in ("base8", "base8b")),
+           RealRun("h100-spec8", *_files(b, "h100-spec8-"), spec, False, device="H100"),
+           RealRun("h100-cap32", *_files(b, "h100-cap32-"), {}, True, device="H100"),
+           RealRun("h100-spec32", *_files(b, "h100-spec32-"), spec, True, device="H100"),
+           RealRun("h100-offA", *_files(c, "h100-offA-"), {}, True, device="H100"),
+           RealRun("h100-offB", *_files(c, "h100-offB-"), _OFFLOAD, True, device="H100"),
+           RealRun("h100-spec32b", *_files(c, "h100-spec32b-"), spec, True, device="H100")]
+    tier = [dataclasses.replace(r, group="h100-off75") if r.name.startswith("h100-off75") else r
+            for r in h100_runs(data)]
+    return [r for r in out if r.requests.exists()] + tier
 
 
 def jittered(records: list[dict], ms: float, replay: int) -> list[dict]:

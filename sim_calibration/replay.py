@@ -34,7 +34,8 @@ def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
     in the API server, waiting included), queue (engine core queued -> first scheduled), prefill
     (first scheduled -> first token), the chunk gaps `itl`, and `cached` prompt tokens as the real
     runs' vLLM 0.24 reports them (the hit of a request's latest admission before its first token:
-    a request preempted mid-prefill reports its own blocks found again; docs/server-metrics.md).
+    a request preempted mid-prefill reports its own blocks found again; docs/server-metrics.md),
+    of which `cached_tier` came from the offload tier.
 
     `calib` overrides fields of the profile's calibration section (what the fits vary). Without
     `keys` each request gets exactly its recorded prefix hit (made resident just before it is
@@ -156,7 +157,7 @@ def replay(cfg: SimConfig, records: list[dict], calib: dict | None = None,
                     "queue_ms": (q.scheduled_ns - q.queued_ns) / 1e6,
                     "prefill_ms": (q.first_token_ns - q.scheduled_ns) / 1e6,
                     "itl": [(b - a) / 1e6 for a, b in zip(times, times[1:])],
-                    "cached": q.hit_last_admission, "end_ns": q.last_token_ns + t0,
+                    "cached": q.hit_last_admission, "cached_tier": q.hit_last_tier, "end_ns": q.last_token_ns + t0,
                     "preemptions": q.preemptions})
     return out
 

@@ -65,6 +65,40 @@ def test_offb_repeats_are_one_group():
     assert len({groups[n] for n in ("base", "spec", "offA", "offB", "spec32", "offb", "cap32")}) == 7
 
 
+def test_h100_runs_are_priced_at_an_h100s_memory_bandwidth():
+    """bench/sim_vs_real.py --device H100: every H100 run, the profile's weight and KV reads at an
+    H100's HBM bandwidth (3.35 against the profile's 4.8 TB/s) and nothing else changed; base8's
+    two runs and off75's two are groups; the H200 runs keep the profile as it is."""
+    from agentx.sim.profile import load_profile
+    from sim_calibration.realruns import PROFILE, device_calib, h100_timed
+
+    cal = load_profile(PROFILE).calibration
+    assert device_calib("H200") == {} and all(r.calib == {} for r in runs(DATA))
+    assert device_calib("H100") == pytest.approx({"mbu": cal.mbu * 3.35 / 4.8, "attn_mbu": cal.attn_mbu * 3.35 / 4.8})
+    h100 = {r.name: r for r in h100_timed(DATA)}
+    assert set(h100) == {"h100-base8", "h100-base8b", "h100-spec8", "h100-cap32", "h100-spec32", "h100-offA",
+                         "h100-offB", "h100-spec32b", "h100-offb", "h100-off75", "h100-off75b"}
+    assert all(r.device == "H100" and r.calib == device_calib("H100") for r in h100.values())
+    assert h100["h100-base8b"].group == "h100-base8" and h100["h100-off75b"].group == "h100-off75"
+    assert len({r.group for r in h100.values()}) == 9
+    # the cold starts (warm-up 0) of offA's and offB's servers, as the H200's offA and offB
+    for name, h200 in (("h100-offA", "offA"), ("h100-offB", "offB")):
+        cfg, _, summ = h100[name].load()
+        want = next(r for r in runs(DATA) if r.name == h200).load()[0]
+        assert cfg == want and summ["config"]["warmup_s"] == 0
+    # the judge replays with them: a decode-bound run is slower on the H100 than on the H200
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "sim_vs_real.py"), "--device", "H100",
+                        "--runs", "h100-base8"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    assert "### h100-base8 (8 lanes, group of 2 real runs)" in p.stdout
+    svr = _bench("sim_vs_real")
+    from sim_calibration.replay import replay
+
+    cfg, recs, summ = h100["h100-base8"].load()
+    on_h200 = svr.sim_figures(recs, summ, replay(cfg, recs, closed_loop=True), True)
+    assert float(_cells(p.stdout, "TPOT p50 (ms)")[3]) > 1.2 * on_h200["tpot"]["p50"]
+
+
 def test_simple_cpu_offload_runs_are_replayed_with_vllm_024s_lazy_walk():
     """The SimpleCPUOffload servers (vLLM 0.24.0, lazy_offload) held the blocks their lazy store
     copied (sim/offload.py `OffloadTier.walk`); the replay models that, the other runs have no tier."""
@@ -223,7 +257,9 @@ def test_hit_excess_splits_a_replays_extra_hits_by_the_real_zero_hit_requests(ca
     """bench/hit_excess.py: the probe's lazy-walk totals of offbp4 (what the test above sums),
     and a counter the probe did not have yet (off68) not recorded rather than zero; the excess of
     one closed-loop replay over the real hits is the sum of its parts on the requests the real
-    server served no hit and on the others, and the zero-hit sets are measured requests."""
+    server served no hit and on the others, and the zero-hit sets are measured requests; each
+    third by prompt size splits into the GPU's and the tier's hit, real (the probe's loads) and
+    replayed."""
     from agentx.trace.load import load_traces
     from sim_calibration.realruns import keys
     from sim_calibration.replay import replay
@@ -252,10 +288,24 @@ def test_hit_excess_splits_a_replays_extra_hits_by_the_real_zero_hit_requests(ca
     weights = [sum(ok[i]["isl"] for i in t) for t in (order[:k], order[k:2 * k], order[2 * k:])]
     for got, want in ((f["by_size"]["real"], f["real_rate"]), (f["by_size"]["sims"][0], f["rates"][0])):
         assert sum(g * w for g, w in zip(got, weights)) / sum(weights) == pytest.approx(want)
-    # the report prints the size split and, for this probed run, the walk totals beside it
+    # with the probe's loads, each third's hit splits into the GPU's and the tier's parts: every
+    # real hit of offbp4 came from the tier (66 loads, none past the reported hit)
+    tier = mod.real_tier("offbp4")
+    assert len(tier) >= 66 and mod.real_tier("offb") is None
+    hit = {r["request_id"] for r in recs if r.get("ok") and not r.get("warmup") and r["cached_tokens"]}
+    assert all(0 < tier[i] == ok[i]["cached_tokens"] for i in hit)
+    f = mod.split(recs, sims, tier)
+    for src, size in ((f["by_source"]["real"], f["by_size"]["real"]),
+                      (f["by_source"]["sims"][0], f["by_size"]["sims"][0])):
+        assert [gpu + tr for gpu, tr in src] == pytest.approx(size)
+    assert [gpu for gpu, _ in f["by_source"]["real"]] == [0, 0, 0]
+    assert sum(x["cached_tier"] for x in sims[0]) > 0
+    assert all(0 <= x["cached_tier"] <= x["cached"] for x in sims[0])
+    # the report prints the size split, for this probed run by source, and the walk totals
     mod.report("offbp4", recs, sims, [stats])
     out = capsys.readouterr().out
     assert "- hit by prompt size: shortest third real 66.9 %" in out
+    assert "- the same by source, GPU / tier % (replays' medians): shortest real 0.0 / 66.9, " in out
     assert "- lazy walk, real / replays' median: stored 107,805 / " in out
 
 

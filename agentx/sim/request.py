@@ -45,6 +45,7 @@ class SimRequest:
     # tokens hit (GPU + tier) at its latest admission before its first token: what vLLM 0.24
     # reports as cached for a request preempted mid-prefill (0.32, as served: the first admission's)
     hit_last_admission: int = 0
+    hit_last_tier: int = 0  # of those, the tokens loaded from the offload tier
     scheduled_ns: int = 0  # first time the scheduler took it (queue time ends)
     first_token_ns: int = 0
     last_token_ns: int = 0

@@ -319,7 +319,7 @@ class Scheduler:
             self.stats.on_prefix_lookup(req.prompt_len, dev * bs, host * bs, offload is not None,
                                         len(hashes) - dev)
         if not req.num_out:
-            req.hit_last_admission = (dev + host) * bs
+            req.hit_last_admission, req.hit_last_tier = (dev + host) * bs, host * bs
         if not host:
             return True
         offload.load(req.tier_pin)

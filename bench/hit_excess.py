@@ -20,9 +20,10 @@ jittered as bench/sim_vs_real.py does):
   median: blocks stored, walks that stored any, walks started at the free queue's head, blocks
   lost from the GPU without a CPU copy, blocks evicted from the CPU tier.
 
-`--calib KEY=VALUE` replaces a calibration constant of the profile for the replays (e.g.
-`--calib mbu=0.593 --calib attn_mbu=0.595` prices decode steps at an H100's memory bandwidth, for
-the H100 runs of tests/data/h100-runs).
+The H100 runs (tests/data/h100-runs, h100-runs-3) are replayed with the profile's memory-bound
+parts at an H100's bandwidth, as bench/sim_vs_real.py --device H100 does
+(sim_calibration.realruns.device_calib). `--calib KEY=VALUE` replaces a calibration constant of
+the profile for every run's replays on top of that.
 
 Run: .venv/bin/python bench/hit_excess.py [--runs offb,offbp4] [--replays N] [--calib KEY=VALUE]
 """
@@ -37,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # sim_calibration/: not installed
 from agentx.sim.profile import Calibration  # noqa: E402
-from sim_calibration.realruns import DATA, h100_runs, jittered, keys, runs  # noqa: E402
+from sim_calibration.realruns import DATA, h100_timed, jittered, keys, runs  # noqa: E402
 from sim_calibration.replay import measured, replay  # noqa: E402
 from sim_calibration.steps import load_steps  # noqa: E402
 
@@ -188,7 +189,7 @@ def main() -> None:
             calib[key] = float(value)
         except ValueError:
             ap.error(f"--calib {item!r}: {value!r} is not a number")
-    tiered = [r for r in runs(DATA) + h100_runs(DATA) if r.server.get("kv_offload") == "simple-cpu"]
+    tiered = [r for r in runs(DATA) + h100_timed(DATA) if r.server.get("kv_offload") == "simple-cpu"]
     want = set(args.runs.split(",")) if args.runs else {r.name for r in tiered}
     if unknown := want - {r.name for r in tiered}:
         ap.error(f"--runs: no SimpleCPUOffload run named {', '.join(sorted(unknown))} "
@@ -206,8 +207,8 @@ def main() -> None:
         sims, walks = [], []
         for i in range(args.replays):
             stats: dict = {}
-            sims.append(replay(cfg, jittered(recs, args.jitter_ms, i), calib=calib or None, keys=ks,
-                               stats=stats, closed_loop=True))
+            sims.append(replay(cfg, jittered(recs, args.jitter_ms, i), calib={**run.calib, **calib} or None,
+                               keys=ks, stats=stats, closed_loop=True))
             walks.append(stats)
         report(run.name, recs, sims, walks)
 

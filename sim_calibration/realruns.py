@@ -1,4 +1,5 @@
-"""The real H200 runs shipped under tests/data, with the simulator config each was served with.
+"""The real H200 runs shipped under tests/data (and the H100 runs, `h100_timed`), with the simulator
+config each was served with.
 
 Each entry names a run's records and summary and the vLLM server flags its README states (speculative
 decoding, forced pool size, offload connector); the pool size itself is the one the run's summary
@@ -192,9 +193,9 @@ def keys(records: list[dict], summary: dict, block_size: int, traces) -> dict[st
 def h100_runs(data: Path) -> list[RealRun]:
     """The SimpleCPUOffload runs under data/h100-runs (h100-runs/README.md): offb's configuration
     and its 75 GB tier on one H100, probed with the block fates (AGENTX_STEPLOG_FATES=1) that
-    bench/tier_breaks.py counts. Not in `runs`: the profile times an H200, so bench/sim_vs_real.py
-    cannot judge their timing; the tier's hit decision (which block a lookup stops at) is what
-    they are for."""
+    bench/tier_breaks.py counts (the tier's hit decision: which block a lookup stops at). Not in
+    `runs`, the profile's own GPU's; bench/sim_vs_real.py --device H100 judges their timing with
+    the other H100 runs (`h100_timed`)."""
     d = data / "h100-runs"
     out = [RealRun(f"h100-{name}", *_files(d, f"h100-{name}-"), {**_OFFLOAD, "offload_gb": gb}, True,
                    device="H100")

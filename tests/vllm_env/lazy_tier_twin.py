@@ -23,6 +23,7 @@ import sys
 from types import SimpleNamespace
 
 import torch
+from pool_view import free_queue, tier_order  # beside this script
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -122,14 +123,7 @@ def name(block):
 
 
 def state():
-    queue = [name(b) for b in mgr.block_pool.free_block_queue.get_all_free_blocks()]
-    cpu = tier.cpu_block_pool
-    free = [name(b) for b in cpu.free_block_queue.get_all_free_blocks()
-            if b.block_hash is not None and not b.is_null]
-    pinned = sorted(name(b) for b in cpu.blocks
-                    if b.ref_cnt > 0 and not b.is_null and b.block_hash is not None
-                    and cpu.cached_block_hash_to_block.get_one_block(b.block_hash) is b)
-    return queue, free + pinned
+    return free_queue(mgr.block_pool, name), tier_order(tier.cpu_block_pool, name)
 
 
 for k, ops in enumerate(case["schedules"]):

@@ -23,6 +23,7 @@ import sys
 from collections import deque
 
 import torch
+from pool_view import free_queue, tier_order  # beside this script
 from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
@@ -96,16 +97,8 @@ def name(block):
 
 
 def state():
-    queue = [name(b) for b in sched.kv_cache_manager.block_pool.free_block_queue.get_all_free_blocks()]
-    cpu = []
-    if tier is not None:
-        pool = tier.cpu_block_pool
-        free = [name(b) for b in pool.free_block_queue.get_all_free_blocks()
-                if b.block_hash is not None and not b.is_null]
-        pinned = sorted(name(b) for b in pool.blocks if b.ref_cnt > 0 and not b.is_null and b.block_hash is not None
-                        and pool.cached_block_hash_to_block.get_one_block(b.block_hash) is b)
-        cpu = free + pinned
-    return queue, cpu
+    return (free_queue(sched.kv_cache_manager.block_pool, name),
+            tier_order(tier.cpu_block_pool, name) if tier is not None else [])
 
 
 batches = deque()  # (schedule index, output, requests that sample a token)

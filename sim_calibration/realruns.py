@@ -10,7 +10,6 @@ the send times of one replay of an ensemble (bench/sim_vs_real.py --replays).
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 from dataclasses import dataclass
@@ -140,9 +139,7 @@ def h100_timed(data: Path) -> list[RealRun]:
            RealRun("h100-offA", *_files(c, "h100-offA-"), {}, True, device="H100"),
            RealRun("h100-offB", *_files(c, "h100-offB-"), _OFFLOAD, True, device="H100"),
            RealRun("h100-spec32b", *_files(c, "h100-spec32b-"), spec, True, device="H100")]
-    tier = [dataclasses.replace(r, group="h100-off75") if r.name.startswith("h100-off75") else r
-            for r in h100_runs(data)]
-    return [r for r in out if r.requests.exists()] + tier
+    return [r for r in out if r.requests.exists()] + h100_runs(data)
 
 
 def jittered(records: list[dict], ms: float, replay: int) -> list[dict]:
@@ -192,12 +189,13 @@ def keys(records: list[dict], summary: dict, block_size: int, traces) -> dict[st
 
 def h100_runs(data: Path) -> list[RealRun]:
     """The SimpleCPUOffload runs under data/h100-runs (h100-runs/README.md): offb's configuration
-    and its 75 GB tier on one H100, probed with the block fates (AGENTX_STEPLOG_FATES=1) that
-    bench/tier_breaks.py counts (the tier's hit decision: which block a lookup stops at). Not in
-    `runs`, the profile's own GPU's; bench/sim_vs_real.py --device H100 judges their timing with
-    the other H100 runs (`h100_timed`)."""
+    and its 75 GB tier (h100-off75 and h100-off75b one group) on one H100, probed with the block
+    fates (AGENTX_STEPLOG_FATES=1) that bench/tier_breaks.py counts (the tier's hit decision: which
+    block a lookup stops at). Not in `runs`, the profile's own GPU's; bench/sim_vs_real.py
+    --device H100 judges their timing with the other H100 runs (`h100_timed`)."""
     d = data / "h100-runs"
     out = [RealRun(f"h100-{name}", *_files(d, f"h100-{name}-"), {**_OFFLOAD, "offload_gb": gb}, True,
-                   device="H100")
-           for name, gb in (("offb", _OFFLOAD["offload_gb"]), ("off75", 75.0), ("off75b", 75.0))]
+                   group=group, device="H100")
+           for name, gb, group in (("offb", _OFFLOAD["offload_gb"], ""), ("off75", 75.0, "h100-off75"),
+                                   ("off75b", 75.0, "h100-off75"))]
     return [r for r in out if r.requests.exists()]

@@ -52,10 +52,12 @@ class Expectations:
       achieved rate split by the server's per-tier hits (prefix_cache vs external_cache)
       with the same tolerance.
     - theory_band: {"pool", "gpu", "offload"} -> [low, high], the tiered theory with both
-      capacities 10% smaller and larger (agentx.cache_theory.tiers.theory_band); the achieved
-      rates pass anywhere in it, widened by the tolerance. Near the capacity where the
-      working set stops fitting, the theory moves by tens of points for a 10% change and
-      cannot say which side a correct server lands on; elsewhere the band is narrow.
+      capacities 10% smaller and larger and in the order the server answered the requests
+      (agentx.cache_theory.tiers.theory_band; that order's own rates under "server_order");
+      the achieved rates pass anywhere in it, widened by the tolerance. Near the capacity
+      where the working set stops fitting, the theory moves by tens of points for a 10%
+      change or another order and cannot say which side a correct server lands on; elsewhere
+      the band is narrow.
     - thinking: "on" → reasoning tokens must appear in the traffic, "off" →
       none may.
     - golden: the golden entry the synthetic AL was pinned from ({file, model,
@@ -87,7 +89,7 @@ class Expectations:
     theoretical_hit_rate: float | None = None
     hit_rate_tolerance: float = 0.10
     tier_hit_rates: dict[str, float] | None = None
-    theory_band: dict[str, list[float]] | None = None
+    theory_band: dict | None = None  # {"pool", "gpu", "offload"} -> [low, high]; "server_order"
     thinking: str | None = None
     golden: dict | None = None
     required_families: list[str] = field(default_factory=lambda: list(CORE_FAMILIES))
@@ -321,8 +323,11 @@ def _offload(sm: dict | None, exp: Expectations) -> dict:
     stores). Where the tier theory expects tier hits, none loaded fails; where it expects
     (next to) none, as an eager tier that turns over before sessions come back, or blocks that
     left the pool and were not asked for again, loads are not required and a connector that
-    stored without loading is named in a note. Judged on the nominal theory, not its band: a
-    cliff's band reaches 0 and would excuse a tier that never loads."""
+    stored without loading is named in a note. Judged on the theory at the run's own
+    capacities, in the client's order of sends and in the order the server answered
+    (theory_band["server_order"]): the server's order is a fact of the run, while a capacity
+    10% off is a what-if, and the capacities' band reaching 0 on a cliff would excuse a tier
+    that never loads."""
     name = "offload_hits"
     if not exp.offload_expected:
         return _skip(name, "no offload connector configured")
@@ -335,6 +340,11 @@ def _offload(sm: dict | None, exp: Expectations) -> dict:
     hits = _get(sm, "offload", "hits_observed")
     loads = _get(sm, "offload", "loads")
     theory = (exp.tier_hit_rates or {}).get("offload")
+    in_order = ((exp.theory_band or {}).get("server_order") or {}).get("offload")
+    if theory is not None and in_order is not None and in_order < theory:
+        theory, order = in_order, " in the order the server answered"
+    else:
+        order = ""
     expects_none = theory is not None and theory <= exp.hit_rate_tolerance
     if hits:
         return _check(name, True, loads, "> 0")
@@ -343,11 +353,11 @@ def _offload(sm: dict | None, exp: Expectations) -> dict:
     if expects_none:
         if not stored:
             return _skip(name, "the pool-aware theory expects no hits from the offload tier "
-                         f"({theory:.1%}): none required")
+                         f"({theory:.1%}{order}): none required")
         out = _check(name, True, loads, "> 0")
         out["note"] = (f"offload: {what}, as the tier theory predicts ({theory:.1%} from the "
-                       "tier): it turns over before sessions come back; fewer lanes or a larger "
-                       "tier bring hits back")
+                       f"tier{order}): it turns over before sessions come back; fewer lanes or "
+                       "a larger tier bring hits back")
         return out
     if hits is None:
         return _check(name, False, loads, "> 0", "server exposes no offload/external-hit metric")

@@ -4,12 +4,13 @@ prediction departs from the server's `cached_tokens`.
 
 For each run (a `*requests.jsonl` with its `*summary.json` beside it) the records' requests are
 re-derived from the trace (agentx.cache_theory.tiers.replay_theory: the engine's block keys, sent at
-`start_ns`, finished at `end_ns`) and replayed twice: looking each request up at its send (the
-model before 2026-12-02: it must reproduce the recorded `cached_expected_pool` when the run's
-client modelled the same tier) and in the server's waiting queue (looked up when admitted,
-today's model). Prints, over the measured window: achieved vs predicted hit rate, the
-per-request error, and the error by time and by prompt size; then the server's own split of
-cached tokens (GPU prefix cache vs connector, whole run).
+`start_ns`, finished at `end_ns`) and replayed three times: looking each request up at its send
+(the model before 2026-12-02: it must reproduce the recorded `cached_expected_pool` when the run's
+client modelled the same tier), in the server's waiting queue (looked up when admitted, today's
+model), and at each request's first token (`answered`: the order the server computed the prompts
+in, one of the replays validation's band spans). Prints, over the measured window: achieved vs
+predicted hit rate, the per-request error, and the error by time and by prompt size; then the
+server's own split of cached tokens (GPU prefix cache vs connector, whole run).
 
 The tier's store mode is the run's (`cache.offload_eager` of its summary) unless `--store`
 says: `eager` (every computed block stored; the client's model of Mooncake), `mooncake`
@@ -63,14 +64,14 @@ def per_request(recs: list[dict], pred: dict[str, tuple[int, int]]) -> tuple[flo
 
 
 def replay(records: list[dict], summary: dict, tier_tokens: int | None, traces, queue: bool,
-           eager: bool | None = None, whole: bool = False):
+           eager: bool | None = None, whole: bool = False, server_order: bool = False):
     """The run's predictions; `eager` None: the store mode its summary recorded."""
     cfg, cache = summary["config"], summary["cache"]
     return replay_theory(records, traces, context_scale=cfg["context_scale"],
                          pool_tokens=cache["kv_pool_tokens"], tier_tokens=tier_tokens,
                          eager=bool(cache.get("offload_eager")) if eager is None else eager,
                          queue=queue, shared_prefix=cfg.get("shared_prefix", "none"),
-                         whole=whole)
+                         whole=whole, server_order=server_order)
 
 
 def report(path: Path, tier_override: int | None, traces_cache: dict,
@@ -92,12 +93,14 @@ def report(path: Path, tier_override: int | None, traces_cache: dict,
           + ("" if eager == recorded else f" (the run recorded {'eager' if recorded else 'lazy'})"))
     at_send = replay(records, summary, tier, traces, queue=False, eager=eager, whole=whole)
     queued = replay(records, summary, tier, traces, queue=True, eager=eager, whole=whole)
+    answered = replay(records, summary, tier, traces, queue=True, eager=eager, whole=whole,
+                      server_order=True)
     if summary["cache"].get("offload_tokens") == tier and eager == recorded and not whole:
         same = sum(at_send[r["request_id"]] == (r["cached_expected_pool"],
                                                 r["cached_expected_offload"]) for r in records)
         print(f"  looked up at send, the replay reproduces the recorded prediction of "
               f"{same}/{len(records)} requests")
-    for name, pred in (("at send", at_send), ("queued", queued)):
+    for name, pred in (("at send", at_send), ("queued", queued), ("answered", answered)):
         a, p = rates(recs, pred)
         off = (sum(pred[r["request_id"]][1] for r in recs)
                / max(1, sum(r["isl_intended"] for r in recs)))

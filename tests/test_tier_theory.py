@@ -17,6 +17,7 @@ from agentx.cache_theory.tiers import replay_theory, theory_band
 from agentx.cli import main
 from agentx.prefix_cache import sent_keys
 from agentx.trace.model import Trace, TraceSet, Turn
+from agentx.verdict.validate import Expectations, validate
 
 BS = 64  # the trace's block size (context scale 1: a key is 64 tokens)
 
@@ -106,8 +107,6 @@ def test_the_band_holds_the_order_the_server_answered_in():
     the server's order finds none there. Validation judges a tier that stored and never
     loaded by that order (the run's own order, not a what-if like a capacity 10% off): here it
     passes and says why; with the client's order alone it failed."""
-    from agentx.verdict.validate import Expectations, validate
-
     records = _burst("a0")
     sent = replay_theory(records, _traces(), context_scale=1.0, pool_tokens=10 * BS,
                          tier_tokens=20 * BS, eager=True)

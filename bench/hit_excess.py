@@ -30,14 +30,13 @@ Run: .venv/bin/python bench/hit_excess.py [--runs offb,offbp4] [--replays N] [--
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # sim_calibration/: not installed
 from agentx.sim.profile import Calibration  # noqa: E402
+from sim_calibration.events import request_key, run_events  # noqa: E402
 from sim_calibration.realruns import DATA, h100_timed, jittered, keys, runs  # noqa: E402
 from sim_calibration.replay import measured, replay  # noqa: E402
 from sim_calibration.steps import load_steps  # noqa: E402
@@ -67,19 +66,17 @@ def real_tier(name: str) -> dict[str, int] | None:
     tests/data/h*-runs*/steps/NAME-events.jsonl.gz) before any preemption after an output token.
     None for a run probed without events. An admission after a preemption that took only GPU
     hits leaves no event, so the caller caps this at the request's reported hit."""
-    for path in sorted(DATA.glob(f"h*-runs*/steps/{name}-events.jsonl.gz")):
-        tier: dict[str, int] = {}
-        decoded: set[str] = set()  # preempted after an output token: later loads come after it
-        with gzip.open(path, "rt") as f:
-            for line in f:
-                e = json.loads(line)
-                rid = e.get("req", "")[len("cmpl-"):].rsplit("-", 2)[0]  # cmpl-ID-0-SUFFIX
-                if e["ev"] == "load" and rid not in decoded:
-                    tier[rid] = e["ext"]
-                elif e["ev"] == "preempt" and e.get("out"):
-                    decoded.add(rid)
-        return tier
-    return None
+    evs = run_events(DATA, name)
+    if evs is None:
+        return None
+    tier: dict[str, int] = {}
+    decoded: set[str] = set()  # preempted after an output token: later loads come after it
+    for e in evs:
+        if e["ev"] == "load" and (rid := request_key(e["req"])) not in decoded:
+            tier[rid] = e["ext"]
+        elif e["ev"] == "preempt" and e.get("out"):
+            decoded.add(request_key(e["req"]))
+    return tier
 
 
 def split(recs: list[dict], sims: list[list[dict]], tier: dict[str, int] | None = None) -> dict:
@@ -205,10 +202,11 @@ def main() -> None:
             traces = load_traces(summ["config"]["trace"])
         ks = keys(recs, summ, 16, traces)
         sims, walks = [], []
+        run_calib = {**run.calib, **calib} or None  # reads the profile: once per run
         for i in range(args.replays):
             stats: dict = {}
-            sims.append(replay(cfg, jittered(recs, args.jitter_ms, i), calib={**run.calib, **calib} or None,
-                               keys=ks, stats=stats, closed_loop=True))
+            sims.append(replay(cfg, jittered(recs, args.jitter_ms, i), calib=run_calib, keys=ks, stats=stats,
+                               closed_loop=True))
             walks.append(stats)
         report(run.name, recs, sims, walks)
 

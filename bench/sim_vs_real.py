@@ -265,10 +265,11 @@ def main() -> None:
         real = reals[run.name]
         sims, bares = [], []
         how = {"keys": ks, "recorded_hits": args.hits == "recorded", "closed_loop": args.arrivals == "closed"}
+        calib = run.calib  # reads the profile: once per run, not per replay
         for i in range(args.replays):
             sent = jittered(recs, args.jitter_ms, i)
-            sims.append(sim_figures(recs, summ, replay(cfg, sent, run.calib or None, **how), how["closed_loop"]))
-            bares.append(sim_figures(recs, summ, replay(cfg, sent, {**run.calib, **NO_FRONT_END}, **how),
+            sims.append(sim_figures(recs, summ, replay(cfg, sent, calib or None, **how), how["closed_loop"]))
+            bares.append(sim_figures(recs, summ, replay(cfg, sent, {**calib, **NO_FRONT_END}, **how),
                                      how["closed_loop"]))
         lanes = summ["config"]["conc"]
         if args.replays == 1:

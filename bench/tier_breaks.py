@@ -22,15 +22,13 @@ Run: .venv/bin/python bench/tier_breaks.py [--runs h100-offb,off75b] [--replays 
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import sys
 from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # sim_calibration/: not installed
 import sim_calibration.replay as rp  # noqa: E402
-from sim_calibration.events import request_key  # noqa: E402
+from sim_calibration.events import request_key, run_events  # noqa: E402
 from sim_calibration.realruns import DATA, h100_runs, jittered, keys, runs  # noqa: E402
 
 ORDER = ("whole", "new content", "cpu-evicted", "gpu-evicted without a CPU copy", "store in flight",
@@ -39,10 +37,7 @@ ORDER = ("whole", "new content", "cpu-evicted", "gpu-evicted without a CPU copy"
 
 def events(name: str) -> list[dict]:
     """The probe's events of run `name` (tests/data/h*-runs*/steps/NAME-events.jsonl.gz)."""
-    for path in sorted(DATA.glob(f"h*-runs*/steps/{name}-events.jsonl.gz")):
-        with gzip.open(path, "rt") as f:
-            return [json.loads(line) for line in f]
-    return []
+    return run_events(DATA, name) or []
 
 
 def real_stops(evs: list[dict]) -> dict[str, tuple[str, int]] | None:

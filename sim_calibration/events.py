@@ -57,6 +57,14 @@ def probed_runs(data: Path) -> list[Probed]:
     return out
 
 
+def run_events(data: Path, name: str) -> list[dict] | None:
+    """The engine events of run `name` (h*-runs*/steps/NAME-events.jsonl.gz under `data`); None
+    for a run probed without them, or not probed."""
+    for f in sorted(data.glob(f"h*-runs*/steps/{name}-events.jsonl.gz")):
+        return load_steps(f.parent, f"{name}-events", Path())
+    return None
+
+
 def request_key(engine_id: str) -> str:
     """The client's request id inside vLLM's: cmpl-<run>-<lane>-<n>-<i>-<suffix> -> <run>-<lane>-<n>."""
     return "-".join(engine_id.split("-")[1:4])
